@@ -1,0 +1,30 @@
+//! `EventTypeFilter {"types": [..]}`: events of one of the listed types.
+
+use laurel_guest::{Event, Filter, parse_config};
+use serde::Deserialize;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Config {
+    types: Vec<String>,
+}
+
+pub struct EventTypeFilter {
+    types: Vec<String>,
+}
+
+impl Filter for EventTypeFilter {
+    fn from_config(config: &str) -> Result<Self, String> {
+        let Config { types } = parse_config(config)?;
+        if types.is_empty() {
+            return Err("`types` is empty: the filter would match nothing".into());
+        }
+        Ok(EventTypeFilter { types })
+    }
+
+    fn matches(&self, event: &Event) -> bool {
+        self.types.contains(&event.type_)
+    }
+}
+
+laurel_guest::export_filter!(EventTypeFilter);

@@ -1,0 +1,249 @@
+//! Guest-side SDK for Laurel functions.
+//!
+//! One place generates the guest bindings for the `filter`, `rule` and
+//! `strategy` worlds of `wit/award.wit` (the `types` interface is generated
+//! once and shared). A function implements one plain Rust trait
+//! ([`Filter`], [`Rule`] or [`Strategy`]), per event or per user, and exports
+//! it with [`export_filter!`], [`export_rule!`] or [`export_strategy!`]: the
+//! batch calls of the WIT interface are written here once.
+//!
+//! The traits are ordinary Rust, so the same function compiles natively too
+//! (the host's benchmark measures exactly that against the component).
+
+#[allow(missing_docs, clippy::all)]
+pub mod filter {
+    wit_bindgen::generate!({
+        world: "filter",
+        path: "../../wit",
+        pub_export_macro: true,
+        export_macro_name: "export_filter_world",
+        default_bindings_module: "laurel_guest::filter",
+    });
+}
+
+#[allow(missing_docs, clippy::all)]
+pub mod rule {
+    wit_bindgen::generate!({
+        world: "rule",
+        path: "../../wit",
+        pub_export_macro: true,
+        export_macro_name: "export_rule_world",
+        default_bindings_module: "laurel_guest::rule",
+        with: { "laurel:award/types@0.1.0": crate::filter::laurel::award::types },
+    });
+}
+
+#[allow(missing_docs, clippy::all)]
+pub mod strategy {
+    wit_bindgen::generate!({
+        world: "strategy",
+        path: "../../wit",
+        pub_export_macro: true,
+        export_macro_name: "export_strategy_world",
+        default_bindings_module: "laurel_guest::strategy",
+        with: { "laurel:award/types@0.1.0": crate::filter::laurel::award::types },
+    });
+}
+
+pub use filter::laurel::award::types::{
+    Contribution, Counter, Event, Field, ObjectiveState, Progress, Scalar,
+};
+
+mod config;
+mod payload;
+
+pub use config::parse_config;
+pub use payload::flatten_payload;
+
+/// A filter: answers only "does this event fit?".
+pub trait Filter: Sized + 'static {
+    /// Parses the function's JSON config; the error text is shown to the
+    /// operator who wrote it.
+    fn from_config(config: &str) -> Result<Self, String>;
+    /// The sources this filter can ever match; `None` when any.
+    fn sources(&self) -> Option<Vec<String>> {
+        None
+    }
+    fn matches(&self, event: &Event) -> bool;
+}
+
+/// A rule: what an event's content item contributes to the counters.
+pub trait Rule: Sized + 'static {
+    fn from_config(config: &str) -> Result<Self, String>;
+    /// `Ok(None)`: the rule ignores this event. `Err`: the event is unusable
+    /// for this rule (it is dead-lettered with this reason).
+    fn contribute(&self, event: &Event) -> Result<Option<Contribution>, String>;
+}
+
+/// A strategy: objective states of one user -> award progress.
+pub trait Strategy: Sized + 'static {
+    fn from_config(config: &str) -> Result<Self, String>;
+    /// The objective ids the config refers to.
+    fn objectives(&self) -> Vec<String>;
+    fn evaluate(&self, objectives: &[ObjectiveState]) -> Result<Progress, String>;
+}
+
+/// Exports a [`Filter`] implementation as a component of the `filter` world.
+#[macro_export]
+macro_rules! export_filter {
+    ($ty:ty) => {
+        #[cfg(target_arch = "wasm32")]
+        const _: () = {
+            use $crate::filter::exports::laurel::award::filters as api;
+            pub struct Component;
+            pub struct Instance($ty);
+            impl api::Guest for Component {
+                type Filter = Instance;
+            }
+            impl api::GuestFilter for Instance {
+                fn create(config: String) -> Result<api::Filter, String> {
+                    <$ty as $crate::Filter>::from_config(&config)
+                        .map(|f| api::Filter::new(Instance(f)))
+                }
+                fn sources(&self) -> Option<Vec<String>> {
+                    $crate::Filter::sources(&self.0)
+                }
+                fn matches(&self, events: Vec<$crate::Event>) -> Vec<bool> {
+                    events
+                        .iter()
+                        .map(|e| $crate::Filter::matches(&self.0, e))
+                        .collect()
+                }
+            }
+    $crate::filter::export_filter_world!(Component with_types_in $crate::filter);
+        };
+    };
+}
+
+/// Exports a [`Rule`] implementation as a component of the `rule` world.
+#[macro_export]
+macro_rules! export_rule {
+    ($ty:ty) => {
+        #[cfg(target_arch = "wasm32")]
+        const _: () = {
+            use $crate::rule::exports::laurel::award::rules as api;
+            pub struct Component;
+            pub struct Instance($ty);
+            impl api::Guest for Component {
+                type Rule = Instance;
+            }
+            impl api::GuestRule for Instance {
+                fn create(config: String) -> Result<api::Rule, String> {
+                    <$ty as $crate::Rule>::from_config(&config).map(|r| api::Rule::new(Instance(r)))
+                }
+                fn contribute(
+                    &self,
+                    events: Vec<$crate::Event>,
+                ) -> Vec<Result<Option<$crate::Contribution>, String>> {
+                    events
+                        .iter()
+                        .map(|e| $crate::Rule::contribute(&self.0, e))
+                        .collect()
+                }
+            }
+    $crate::rule::export_rule_world!(Component with_types_in $crate::rule);
+        };
+    };
+}
+
+/// Exports a [`Strategy`] implementation as a component of the `strategy` world.
+#[macro_export]
+macro_rules! export_strategy {
+    ($ty:ty) => {
+        #[cfg(target_arch = "wasm32")]
+        const _: () = {
+            use $crate::strategy::exports::laurel::award::strategies as api;
+            pub struct Component;
+            pub struct Instance($ty);
+            impl api::Guest for Component {
+                type Strategy = Instance;
+            }
+            impl api::GuestStrategy for Instance {
+                fn create(config: String) -> Result<api::Strategy, String> {
+                    <$ty as $crate::Strategy>::from_config(&config)
+                        .map(|s| api::Strategy::new(Instance(s)))
+                }
+                fn objectives(&self) -> Vec<String> {
+                    $crate::Strategy::objectives(&self.0)
+                }
+                fn evaluate(
+                    &self,
+                    users: Vec<Vec<$crate::ObjectiveState>>,
+                ) -> Vec<Result<$crate::Progress, String>> {
+                    users
+                        .iter()
+                        .map(|u| $crate::Strategy::evaluate(&self.0, u))
+                        .collect()
+                }
+            }
+    $crate::strategy::export_strategy_world!(Component with_types_in $crate::strategy);
+        };
+    };
+}
+
+impl Event {
+    /// The payload scalar at a JSON pointer (`/object_id`), if present.
+    pub fn field(&self, pointer: &str) -> Option<&Scalar> {
+        self.payload
+            .iter()
+            .find(|f| f.path == pointer)
+            .map(|f| &f.value)
+    }
+
+    /// The payload text at a JSON pointer, if present and a string.
+    pub fn text(&self, pointer: &str) -> Option<&str> {
+        match self.field(pointer)? {
+            Scalar::Text(text) => Some(text),
+            _ => None,
+        }
+    }
+}
+
+impl Contribution {
+    /// A contribution of absolute counter values for a content item.
+    pub fn absolute(counters: impl IntoIterator<Item = (String, i64)>) -> Self {
+        Contribution {
+            counters: counters
+                .into_iter()
+                .map(|(name, value)| Counter { name, value })
+                .collect(),
+            dedup_key: None,
+            additive: false,
+        }
+    }
+
+    /// A contribution that adds to the counters (analytics events).
+    pub fn additive(counters: impl IntoIterator<Item = (String, i64)>) -> Self {
+        Contribution {
+            additive: true,
+            ..Self::absolute(counters)
+        }
+    }
+
+    pub fn with_dedup_key(self, key: impl Into<String>) -> Self {
+        Contribution {
+            dedup_key: Some(key.into()),
+            ..self
+        }
+    }
+}
+
+/// Which content statuses count as "present" for rules that count content
+/// items; `["active"]` unless the config says otherwise.
+pub fn default_counted_statuses() -> Vec<String> {
+    vec!["active".to_string()]
+}
+
+impl Event {
+    /// For a content item: whether its current status is one of `statuses`
+    /// (an item without a status model always counts). `None` for events
+    /// that are not about a content item (analytics).
+    pub fn content_counts(&self, statuses: &[String]) -> Option<bool> {
+        self.content_id.as_ref()?;
+        Some(
+            self.status
+                .as_ref()
+                .is_none_or(|status| statuses.contains(status)),
+        )
+    }
+}

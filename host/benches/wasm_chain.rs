@@ -1,0 +1,261 @@
+//! Benchmark: the per-event cost of a chain of 3 built-in filters + 1 rule
+//! through Wasm, against the same logic compiled natively (the very same
+//! function crates, linked into this binary), measured in the same run.
+//! Also: instantiate time, and (with a database) hot-swap latency.
+//!
+//! cargo bench -p laurel --bench wasm_chain
+//!
+//! Each figure is the median of several rounds; native and Wasm rounds
+//! alternate so both see the same machine state. Reported as ratios.
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use laurel::event::Envelope;
+use laurel::registry::{self, Registry};
+use laurel::runtime::{Event, FilterInstance, Limits, RuleInstance, Runtime};
+use laurel_guest::{Filter as _, Rule as _};
+
+const EVENTS: usize = 1000;
+const ROUNDS: usize = 15;
+
+const SOURCE: &str = r#"{"sources": ["reviews"]}"#;
+const TYPES: &str = r#"{"types": ["review.created", "review.updated"]}"#;
+const LENGTH: &str = r#"{"allowed_length": 100}"#;
+
+/// A mixed stream: reviews (long and short) and photos.
+fn stream() -> Vec<Vec<u8>> {
+    (0..EVENTS)
+        .map(|i| {
+            let (source, kind) = if i % 4 == 3 { ("photos", "photo.status_changed") } else { ("reviews", "review.created") };
+            let text = if i % 3 == 0 { "short".to_string() } else { "a fine review of a fine place ".repeat(5) };
+            format!(
+                r#"{{"id":"evt-{i}","source":"{source}","type":"{kind}","user_id":"u-{}","authorized":true,"content_id":"c-{i}","status":"active","occurred_at":"2026-12-01T10:00:00Z","payload":{{"object_id":"firm-{}","text":"{text}","rating":4}}}}"#,
+                i % 97,
+                i % 13
+            )
+            .into_bytes()
+        })
+        .collect()
+}
+
+fn native_event(envelope: &Envelope) -> laurel_guest::Event {
+    laurel_guest::Event {
+        id: envelope.id.clone(),
+        source: envelope.source.clone(),
+        type_: envelope.event_type.clone(),
+        user_id: envelope.user_id.clone(),
+        content_id: envelope.content_id.clone(),
+        status: envelope.status.clone(),
+        occurred_at_ms: envelope.occurred_at.timestamp_millis(),
+        payload: laurel_guest::flatten_payload(&serde_json::Value::Object(
+            envelope.payload.clone(),
+        )),
+    }
+}
+
+struct Native {
+    source: source_filter::SourceFilter,
+    types: event_type_filter::EventTypeFilter,
+    length: reviews_length_filter::ReviewsLengthFilter,
+    rule: review_unique_by_object_rule::ReviewUniqueByObjectRule,
+}
+
+impl Native {
+    fn run(&self, events: &[laurel_guest::Event]) -> usize {
+        let mut counted = 0;
+        for event in events {
+            if self.source.matches(event)
+                && self.types.matches(event)
+                && self.length.matches(event)
+                && let Ok(Some(c)) = self.rule.contribute(event)
+            {
+                counted += c.counters.len();
+            }
+        }
+        counted
+    }
+}
+
+struct Wasm {
+    source: FilterInstance,
+    types: FilterInstance,
+    length: FilterInstance,
+    rule: RuleInstance,
+}
+
+impl Wasm {
+    /// Batch calls; each filter sees only the events the previous passed.
+    fn run(&mut self, events: Vec<Event>) -> usize {
+        let mut events = events;
+        for filter in [&mut self.source, &mut self.types, &mut self.length] {
+            let keep = filter.matches(&events).expect("filter");
+            let mut keep = keep.into_iter();
+            events.retain(|_| keep.next().unwrap_or(false));
+        }
+        self.rule
+            .contribute(&events)
+            .expect("rule")
+            .into_iter()
+            .filter_map(|r| r.ok().flatten())
+            .map(|c| c.counters.len())
+            .sum()
+    }
+}
+
+fn median(mut samples: Vec<Duration>) -> Duration {
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+fn per_event(d: Duration) -> f64 {
+    d.as_nanos() as f64 / EVENTS as f64
+}
+
+fn main() {
+    let runtime = Runtime::new(Limits::default(), None).expect("runtime");
+    let load = |name: &str| {
+        let b = laurel::library::builtin(name).unwrap();
+        runtime
+            .load(name, 1, "bench", b.bytes, Some(b.kind))
+            .unwrap()
+    };
+    let native = Native {
+        source: source_filter::SourceFilter::from_config(SOURCE).unwrap(),
+        types: event_type_filter::EventTypeFilter::from_config(TYPES).unwrap(),
+        length: reviews_length_filter::ReviewsLengthFilter::from_config(LENGTH).unwrap(),
+        rule: review_unique_by_object_rule::ReviewUniqueByObjectRule::from_config("{}").unwrap(),
+    };
+    let mut wasm = Wasm {
+        source: FilterInstance::new(load("SourceFilter"), SOURCE).unwrap(),
+        types: FilterInstance::new(load("EventTypeFilter"), TYPES).unwrap(),
+        length: FilterInstance::new(load("ReviewsLengthFilter"), LENGTH).unwrap(),
+        rule: RuleInstance::new(load("ReviewUniqueByObjectRule"), "{}").unwrap(),
+    };
+    let raw = stream();
+    let envelopes: Vec<Envelope> = raw.iter().map(|b| Envelope::parse(b).unwrap()).collect();
+    let native_events: Vec<_> = envelopes.iter().map(native_event).collect();
+    let wasm_events: Vec<_> = envelopes.iter().map(Envelope::to_function_event).collect();
+    assert_eq!(
+        native.run(&native_events),
+        wasm.run(wasm_events.clone()),
+        "both paths agree"
+    );
+
+    let (mut n_full, mut w_full, mut n_chain, mut w_chain) = (vec![], vec![], vec![], vec![]);
+    for _ in 0..ROUNDS {
+        // From the bytes read off Kafka to contributions.
+        let t = Instant::now();
+        let events: Vec<_> = raw
+            .iter()
+            .map(|b| native_event(&Envelope::parse(b).unwrap()))
+            .collect();
+        black_box(native.run(&events));
+        n_full.push(t.elapsed());
+        let t = Instant::now();
+        let events: Vec<_> = raw
+            .iter()
+            .map(|b| Envelope::parse(b).unwrap().to_function_event())
+            .collect();
+        black_box(wasm.run(events));
+        w_full.push(t.elapsed());
+        // The chain alone, events already decoded.
+        let t = Instant::now();
+        black_box(native.run(&native_events));
+        n_chain.push(t.elapsed());
+        let events = wasm_events.clone();
+        let t = Instant::now();
+        black_box(wasm.run(events));
+        w_chain.push(t.elapsed());
+    }
+    let (nf, wf, nc, wc) = (
+        median(n_full),
+        median(w_full),
+        median(n_chain),
+        median(w_chain),
+    );
+    println!(
+        "Chain: SourceFilter -> EventTypeFilter -> ReviewsLengthFilter -> ReviewUniqueByObjectRule, {EVENTS} events per batch, median of {ROUNDS} rounds"
+    );
+    println!(
+        "  from bytes to contributions: native {:8.0} ns/event, wasm {:8.0} ns/event, ratio {:.2}x",
+        per_event(nf),
+        per_event(wf),
+        wf.as_secs_f64() / nf.as_secs_f64()
+    );
+    println!(
+        "  chain only (decoded events): native {:8.0} ns/event, wasm {:8.0} ns/event, ratio {:.2}x",
+        per_event(nc),
+        per_event(wc),
+        wc.as_secs_f64() / nc.as_secs_f64()
+    );
+
+    // Instantiate: a new instance of a loaded version, created from a config.
+    let function = load("ReviewsLengthFilter");
+    let mut samples = Vec::new();
+    for _ in 0..200 {
+        let t = Instant::now();
+        black_box(FilterInstance::new(function.clone(), LENGTH).unwrap());
+        samples.push(t.elapsed());
+    }
+    let instantiate = median(samples);
+    let t = Instant::now();
+    let compiled = Runtime::new(Limits::default(), None).unwrap();
+    let bytes = laurel::library::builtin("ReviewsLengthFilter")
+        .unwrap()
+        .bytes;
+    compiled
+        .load("ReviewsLengthFilter", 1, "bench", bytes, None)
+        .unwrap();
+    let compile = t.elapsed();
+    println!(
+        "Instantiate + create from config: {:.1} us (median of 200); compiling the component: {:.0} ms",
+        instantiate.as_secs_f64() * 1e6,
+        compile.as_secs_f64() * 1e3
+    );
+
+    hot_swap(&runtime);
+}
+
+/// Push -> the running registry serves the new version, over a real
+/// PostgreSQL (LAUREL_BENCH_DATABASE_URL, default a `laurel_bench` database
+/// on loopback). Skipped, and said so, when no database answers.
+fn hot_swap(runtime: &Runtime) {
+    let url = std::env::var("LAUREL_BENCH_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/laurel_bench".into());
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let Ok(mut store) = laurel::store::Store::connect(&url).await else {
+            println!("Hot swap: skipped (no database at {url})");
+            return;
+        };
+        store.migrate().await.unwrap();
+        let dir = laurel::library::guest_dir();
+        let accept = std::fs::read(dir.join("accept_all_filter.wasm")).unwrap();
+        let reject = std::fs::read(dir.join("reject_all_filter.wasm")).unwrap();
+        let registry = Registry::start(&url, runtime.clone()).await.unwrap();
+        let mut samples = Vec::new();
+        for round in 0..20 {
+            let bytes = if round % 2 == 0 { &accept } else { &reject };
+            let t = Instant::now();
+            let (_, outcome) = registry::push(&mut store, runtime, "BenchSwap", bytes, None).await.unwrap();
+            let version = match outcome {
+                laurel::store::PushOutcome::Created { version } | laurel::store::PushOutcome::Unchanged { version } => version,
+            };
+            while registry.get("BenchSwap").map(|f| f.version) != Some(version) {
+                tokio::time::sleep(Duration::from_micros(200)).await;
+            }
+            samples.push(t.elapsed());
+        }
+        let swap = median(samples.clone());
+        let worst = samples.iter().max().unwrap();
+        println!(
+            "Hot swap (push committed -> running registry serves it, compile included): median {:.1} ms, max {:.1} ms over 20 pushes",
+            swap.as_secs_f64() * 1e3,
+            worst.as_secs_f64() * 1e3
+        );
+    });
+}

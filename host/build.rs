@@ -1,0 +1,115 @@
+//! Builds the guest components in `functions/` for wasm32-wasip2, so that
+//! the built-in function library can be embedded in the `laurel` binary and
+//! the tests can load real components (including the test-only ones).
+//!
+//! The guests build with their own cargo invocation into `<target>/guest`,
+//! a directory of its own: the outer cargo holds the lock on its own target
+//! directory while this script runs.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const GUESTS: &[&str] = &[
+    "source-filter",
+    "event-type-filter",
+    "status-filter",
+    "reviews-length-filter",
+    "field-filter",
+    "content-status-rule",
+    "count-rule",
+    "review-unique-by-object-rule",
+    "sum-field-rule",
+    "tree-strategy",
+    "hostile-function",
+    "accept-all-filter",
+    "reject-all-filter",
+];
+
+fn main() {
+    let manifest_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
+    let root = manifest_dir.parent().unwrap().to_path_buf();
+    for watched in ["functions", "wit", "migrations", "Cargo.lock", "Cargo.toml"] {
+        println!("cargo:rerun-if-changed={}", root.join(watched).display());
+    }
+
+    let out_dir = PathBuf::from(std::env::var("OUT_DIR").unwrap());
+    let target_dir = guest_target_dir(&out_dir);
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut command = Command::new(cargo);
+    command
+        .current_dir(&root)
+        .args([
+            "build",
+            "--quiet",
+            "--target",
+            "wasm32-wasip2",
+            "--profile",
+            "guest",
+        ])
+        .arg("--target-dir")
+        .arg(&target_dir);
+    for guest in GUESTS {
+        command.args(["-p", guest]);
+    }
+    // What the outer build set for the host must not leak into the guests.
+    for var in [
+        "CARGO_ENCODED_RUSTFLAGS",
+        "RUSTFLAGS",
+        "CARGO_TARGET_DIR",
+        "CARGO_BUILD_TARGET",
+        "RUSTC_WORKSPACE_WRAPPER",
+        "CARGO_PRIMARY_PACKAGE",
+        "CARGO_PROFILE_DEV_OPT_LEVEL",
+    ] {
+        command.env_remove(var);
+    }
+    let status = command
+        .status()
+        .expect("failed to run cargo to build the guest components");
+    if !status.success() {
+        panic!(
+            "building the guest components in functions/ failed (see above). \
+             Is the target installed? `rustup target add wasm32-wasip2`"
+        );
+    }
+    let wasm_dir = target_dir.join("wasm32-wasip2").join("guest");
+    println!("cargo:rustc-env=LAUREL_GUEST_DIR={}", wasm_dir.display());
+
+    write_migrations(&root.join("migrations"), &out_dir.join("migrations.rs"));
+}
+
+/// `<target>/guest`, from OUT_DIR = `<target>/<profile>/build/<pkg>-<hash>/out`
+/// (or `<target>/<triple>/<profile>/...`): stable across profiles and tools,
+/// so `cargo test` and `cargo clippy` share one guest build.
+fn guest_target_dir(out_dir: &Path) -> PathBuf {
+    let mut dir = out_dir;
+    for _ in 0..4 {
+        dir = dir.parent().unwrap_or(dir);
+    }
+    // Cross builds have one more level (the triple).
+    if dir.join("CACHEDIR.TAG").exists() {
+        dir.join("guest")
+    } else {
+        dir.parent().unwrap_or(dir).join("guest")
+    }
+}
+
+/// Embeds `migrations/*.sql` in order, so the binary carries its schema.
+fn write_migrations(dir: &Path, out: &Path) {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .expect("migrations/ is missing")
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "sql"))
+        .collect();
+    files.sort();
+    let mut code = String::from("&[\n");
+    for path in files {
+        let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+        code.push_str(&format!(
+            "    ({name:?}, include_str!({:?})),\n",
+            path.display().to_string()
+        ));
+    }
+    code.push_str("]\n");
+    std::fs::write(out, code).unwrap();
+}

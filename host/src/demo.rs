@@ -1,0 +1,92 @@
+//! `laurel up --demo`: the background write-up's examples, run through the
+//! loaded components, so a first run shows the functions doing real work.
+
+use std::sync::Arc;
+
+use crate::event::Envelope;
+use crate::registry::Registry;
+use crate::runtime::{ObjectiveState, Progress};
+
+const REVIEWS: &[&str] = &[
+    r#"{"id":"demo-1","source":"reviews","type":"review.created","user_id":"u-42","authorized":true,"content_id":"review-1","status":"active","occurred_at":"2026-12-01T10:00:00Z","payload":{"object_id":"firm-17","text":"A long, careful review of the cafe: the coffee, the service, the prices and the view from the terrace, all of it worth a visit."}}"#,
+    r#"{"id":"demo-2","source":"reviews","type":"review.created","user_id":"u-42","authorized":true,"content_id":"review-2","status":"active","occurred_at":"2026-12-01T10:05:00Z","payload":{"object_id":"firm-18","text":"Too short."}}"#,
+    r#"{"id":"demo-3","source":"photos","type":"photo.status_changed","user_id":"u-42","authorized":true,"content_id":"photo-9","status":"active","occurred_at":"2026-12-01T10:06:00Z","payload":{"object_id":"firm-17"}}"#,
+];
+
+const THREE_OF_EITHER: &str = r#"{"goal": 3, "operation": "sum", "strategy": [{"objective_id": "reviews"}, {"objective_id": "photos"}]}"#;
+
+const CONTENT_MAKER: &str = r#"{"goal": 15, "operation": "sum", "strategy": [
+    {"goal": 5, "operation": "sum", "strategy": [{"objective_id": "photo"}, {"objective_id": "reviews"}]},
+    {"goal": 10, "operation": "sum", "strategy": [{"objective_id": "navi", "normalization_factor": 0.001}]}]}"#;
+
+fn state(id: &str, value: f64) -> ObjectiveState {
+    ObjectiveState {
+        objective_id: id.to_string(),
+        value,
+        counters: Vec::new(),
+    }
+}
+
+fn show(progress: &Progress) -> String {
+    format!(
+        "progress {} of {}, started {}, completed {}",
+        progress.progress, progress.goal, progress.started, progress.completed
+    )
+}
+
+pub fn run(registry: &Arc<Registry>) -> anyhow::Result<()> {
+    println!(
+        "\nDemo: the reviews objective of the contract (SourceFilter reviews -> ReviewsLengthFilter 100 -> ReviewUniqueByObjectRule)"
+    );
+    let mut source = registry.bind_filter("SourceFilter", r#"{"sources": ["reviews"]}"#)?;
+    let mut length = registry.bind_filter("ReviewsLengthFilter", r#"{"allowed_length": 100}"#)?;
+    let mut rule = registry.bind_rule("ReviewUniqueByObjectRule", "{}")?;
+    let events = REVIEWS
+        .iter()
+        .map(|json| Envelope::parse(json.as_bytes()).map(|e| e.to_function_event()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let from_source = source.instance().matches(&events)?;
+    let long_enough = length.instance().matches(&events)?;
+    let contributions = rule.instance().contribute(&events)?;
+    for (i, event) in events.iter().enumerate() {
+        let verdict = if !from_source[i] {
+            "excluded by SourceFilter".to_string()
+        } else if !long_enough[i] {
+            "excluded by ReviewsLengthFilter".to_string()
+        } else {
+            format!("contributes {:?}", contributions[i])
+        };
+        println!(
+            "  {} ({} {}): {verdict}",
+            event.id,
+            event.source,
+            event.content_id.as_deref().unwrap_or("-")
+        );
+    }
+
+    println!("\nDemo: TreeStrategy on the write-up's examples");
+    let mut either = registry.bind_strategy("TreeStrategy", THREE_OF_EITHER)?;
+    let mut maker = registry.bind_strategy("TreeStrategy", CONTENT_MAKER)?;
+    let results = either
+        .instance()
+        .evaluate(&[vec![state("reviews", 1.0), state("photos", 2.0)]])?;
+    for result in results {
+        println!(
+            "  3 reviews or 3 photos, with 1 review + 2 photos: {}",
+            show(&result.map_err(anyhow::Error::msg)?)
+        );
+    }
+    let results = maker.instance().evaluate(&[vec![
+        state("photo", 3.0),
+        state("reviews", 1.0),
+        state("navi", 5500.0),
+    ]])?;
+    for result in results {
+        println!(
+            "  content-maker, with 3 photos + 1 review + 5.5 km: {}",
+            show(&result.map_err(anyhow::Error::msg)?)
+        );
+    }
+    println!();
+    Ok(())
+}

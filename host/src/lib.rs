@@ -1,0 +1,11 @@
+//! Laurel: an achievements engine whose award logic ships as sandboxed
+//! WebAssembly. See ARCHITECTURE.md for the map.
+
+pub mod cli;
+pub mod demo;
+pub mod event;
+pub mod library;
+pub mod registry;
+pub mod runtime;
+pub mod settings;
+pub mod store;

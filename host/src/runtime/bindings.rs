@@ -1,0 +1,36 @@
+//! The one place that generates host bindings from `wit/`. The `types`
+//! interface is generated once (with the filter world) and shared.
+
+pub mod filter {
+    wasmtime::component::bindgen!({
+        world: "filter",
+        path: "../wit",
+        additional_derives: [PartialEq],
+    });
+}
+
+pub mod rule {
+    wasmtime::component::bindgen!({
+        world: "rule",
+        path: "../wit",
+        with: { "laurel:award/types": crate::runtime::bindings::filter::laurel::award::types },
+    });
+}
+
+pub mod strategy {
+    wasmtime::component::bindgen!({
+        world: "strategy",
+        path: "../wit",
+        with: { "laurel:award/types": crate::runtime::bindings::filter::laurel::award::types },
+    });
+}
+
+pub use filter::laurel::award::types::{
+    Contribution, Counter, Event, Field, ObjectiveState, Progress, Scalar,
+};
+
+/// Export names by which a component's kind is recognised.
+pub const FILTER_EXPORT: &str = "laurel:award/filters@0.1.0";
+pub const RULE_EXPORT: &str = "laurel:award/rules@0.1.0";
+pub const STRATEGY_EXPORT: &str = "laurel:award/strategies@0.1.0";
+pub const TYPES_IMPORT: &str = "laurel:award/types@0.1.0";

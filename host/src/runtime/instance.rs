@@ -1,0 +1,468 @@
+//! Instances of a function version created from one config: the resource
+//! the guest made from that config, in a store of its own, called per batch.
+
+use std::sync::Arc;
+
+use wasmtime::Store;
+use wasmtime::component::ResourceAny;
+
+use super::bindings::{self, Contribution, Event, ObjectiveState, Progress};
+use super::{Function, FunctionError, GuestState, MemoryLimitExceeded, Pre, TICK};
+
+/// A world's bindings: how to instantiate it and create its resource.
+trait World: Sized + Send + Sync {
+    fn instantiate(pre: &Pre, store: &mut Store<GuestState>) -> wasmtime::Result<Self>;
+    fn create(
+        &self,
+        store: &mut Store<GuestState>,
+        config: &str,
+    ) -> wasmtime::Result<Result<ResourceAny, String>>;
+}
+
+impl World for bindings::filter::Filter {
+    fn instantiate(pre: &Pre, store: &mut Store<GuestState>) -> wasmtime::Result<Self> {
+        match pre {
+            Pre::Filter(pre) => pre.instantiate(store),
+            _ => unreachable!("a filter instance is only made from a filter"),
+        }
+    }
+
+    fn create(
+        &self,
+        store: &mut Store<GuestState>,
+        config: &str,
+    ) -> wasmtime::Result<Result<ResourceAny, String>> {
+        self.laurel_award_filters()
+            .filter()
+            .call_create(store, config)
+    }
+}
+
+impl World for bindings::rule::Rule {
+    fn instantiate(pre: &Pre, store: &mut Store<GuestState>) -> wasmtime::Result<Self> {
+        match pre {
+            Pre::Rule(pre) => pre.instantiate(store),
+            _ => unreachable!("a rule instance is only made from a rule"),
+        }
+    }
+
+    fn create(
+        &self,
+        store: &mut Store<GuestState>,
+        config: &str,
+    ) -> wasmtime::Result<Result<ResourceAny, String>> {
+        self.laurel_award_rules().rule().call_create(store, config)
+    }
+}
+
+impl World for bindings::strategy::Strategy {
+    fn instantiate(pre: &Pre, store: &mut Store<GuestState>) -> wasmtime::Result<Self> {
+        match pre {
+            Pre::Strategy(pre) => pre.instantiate(store),
+            _ => unreachable!("a strategy instance is only made from a strategy"),
+        }
+    }
+
+    fn create(
+        &self,
+        store: &mut Store<GuestState>,
+        config: &str,
+    ) -> wasmtime::Result<Result<ResourceAny, String>> {
+        self.laurel_award_strategies()
+            .strategy()
+            .call_create(store, config)
+    }
+}
+
+struct Live<W> {
+    store: Store<GuestState>,
+    world: W,
+    resource: ResourceAny,
+}
+
+/// A function version plus a config, and the live instance (re-made after a
+/// trap: a trapped instance refuses further calls).
+struct Slot<W> {
+    function: Arc<Function>,
+    config: String,
+    live: Option<Live<W>>,
+}
+
+impl<W: World> Slot<W> {
+    fn new(function: Arc<Function>, config: &str) -> Result<Slot<W>, FunctionError> {
+        let mut slot = Slot {
+            function,
+            config: config.to_string(),
+            live: None,
+        };
+        slot.ensure_live()?;
+        Ok(slot)
+    }
+
+    fn deadline_ticks(&self) -> u64 {
+        let budget = self.function.runtime.limits.cpu_budget;
+        (budget.as_micros() / TICK.as_micros()).max(1) as u64 + 1
+    }
+
+    fn ensure_live(&mut self) -> Result<&mut Live<W>, FunctionError> {
+        if self.live.is_none() {
+            let live = self.instantiate();
+            if let Err(error) = &live {
+                self.function.record(&Err(error.clone()));
+            }
+            self.live = Some(live?);
+        }
+        Ok(self.live.as_mut().expect("just made"))
+    }
+
+    fn instantiate(&self) -> Result<Live<W>, FunctionError> {
+        let function = &self.function;
+        let inner = &function.runtime;
+        let mut store = Store::new(&inner.engine, GuestState::new(inner.limits.memory_bytes));
+        store.limiter(|state| &mut state.limiter);
+        store.set_epoch_deadline(self.deadline_ticks());
+        let (pre, store_ref) = (&function.pre, &mut store);
+        let world = outside_async(move || W::instantiate(pre, store_ref)).map_err(|e| {
+            FunctionError::Instantiate {
+                name: function.name.clone(),
+                version: function.version,
+                reason: format!("{e:#}"),
+            }
+        })?;
+        let (config, store_ref, world_ref) = (self.config.as_str(), &mut store, &world);
+        match outside_async(move || world_ref.create(store_ref, config)) {
+            Ok(Ok(resource)) => Ok(Live {
+                store,
+                world,
+                resource,
+            }),
+            Ok(Err(reason)) => Err(FunctionError::Config {
+                name: function.name.clone(),
+                version: function.version,
+                reason: truncate(reason, inner.limits.max_text_bytes),
+            }),
+            Err(error) => {
+                let stderr = store.data().stderr.take();
+                Err(classify(function, error, stderr))
+            }
+        }
+    }
+
+    /// Runs one call under the CPU budget. A trap drops the instance.
+    fn run<R>(
+        &mut self,
+        call: impl FnOnce(&W, &mut Store<GuestState>, ResourceAny) -> wasmtime::Result<R> + Send,
+    ) -> Result<R, FunctionError>
+    where
+        R: Send,
+    {
+        if let Some(reason) = self.function.quarantined() {
+            return Err(FunctionError::Quarantined {
+                name: self.function.name.clone(),
+                version: self.function.version,
+                reason: reason.to_string(),
+            });
+        }
+        let ticks = self.deadline_ticks();
+        let live = self.ensure_live()?;
+        live.store.set_epoch_deadline(ticks);
+        let (world, store, resource) = (&live.world, &mut live.store, live.resource);
+        match outside_async(move || call(world, store, resource)) {
+            Ok(value) => Ok(value),
+            Err(error) => {
+                let stderr = live.store.data().stderr.take();
+                let error = classify(&self.function, error, stderr);
+                self.live = None;
+                self.function.record(&Err(error.clone()));
+                Err(error)
+            }
+        }
+    }
+
+    fn invalid(&self, reason: String) -> FunctionError {
+        let error = FunctionError::InvalidOutput {
+            name: self.function.name.clone(),
+            version: self.function.version,
+            reason,
+        };
+        self.function.record(&Err(error.clone()));
+        error
+    }
+
+    fn succeeded(&self) {
+        self.function.record(&Ok(()));
+    }
+}
+
+/// Runs a guest call where WASI's synchronous host calls may block: they
+/// drive futures with `Handle::block_on`, which panics on a thread that is
+/// running async tasks. Callers should call from a blocking thread (e.g.
+/// `spawn_blocking`), where this costs nothing; from an async task this
+/// steps out of it (`block_in_place`), or, on a current-thread runtime,
+/// onto a scoped thread.
+fn outside_async<R: Send>(call: impl FnOnce() -> R + Send) -> R {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current() {
+        Err(_) => call(),
+        Ok(handle) if handle.runtime_flavor() == RuntimeFlavor::CurrentThread => {
+            std::thread::scope(|scope| {
+                scope
+                    .spawn(call)
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
+        }
+        Ok(_) => tokio::task::block_in_place(call),
+    }
+}
+
+fn classify(function: &Function, error: wasmtime::Error, stderr: String) -> FunctionError {
+    let (name, version) = (function.name.clone(), function.version);
+    if let Some(memory) = error
+        .chain()
+        .find_map(|e| e.downcast_ref::<MemoryLimitExceeded>())
+    {
+        return FunctionError::Memory {
+            name,
+            version,
+            reason: memory.to_string(),
+        };
+    }
+    let trap = error
+        .chain()
+        .find_map(|e| e.downcast_ref::<wasmtime::Trap>())
+        .copied();
+    if trap == Some(wasmtime::Trap::Interrupt) {
+        return FunctionError::Timeout {
+            name,
+            version,
+            budget_ms: function.runtime.limits.cpu_budget.as_millis(),
+        };
+    }
+    let mut reason = match trap {
+        Some(trap) => trap.to_string(),
+        None => error.root_cause().to_string(),
+    };
+    if !stderr.is_empty() {
+        reason.push_str("; the function wrote: ");
+        reason.push_str(&stderr);
+    }
+    FunctionError::Trap {
+        name,
+        version,
+        reason: truncate(reason, function.runtime.limits.max_text_bytes),
+    }
+}
+
+fn truncate(mut text: String, max: usize) -> String {
+    if text.len() > max {
+        let mut end = max;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push('…');
+    }
+    text
+}
+
+/// A filter created from one config.
+pub struct FilterInstance {
+    slot: Slot<bindings::filter::Filter>,
+    sources: Option<Vec<String>>,
+}
+
+impl FilterInstance {
+    /// Instantiates `function` and creates the filter from `config`; a
+    /// config the function rejects is [`FunctionError::Config`].
+    pub fn new(function: Arc<Function>, config: &str) -> Result<FilterInstance, FunctionError> {
+        let mut slot: Slot<bindings::filter::Filter> = Slot::new(function, config)?;
+        let sources = slot.run(|world, store, resource| {
+            world
+                .laurel_award_filters()
+                .filter()
+                .call_sources(store, resource)
+        })?;
+        Ok(FilterInstance { slot, sources })
+    }
+
+    pub fn function(&self) -> &Arc<Function> {
+        &self.slot.function
+    }
+
+    /// The sources this filter can match (`None`: any).
+    pub fn sources(&self) -> Option<&[String]> {
+        self.sources.as_deref()
+    }
+
+    /// One answer per event.
+    pub fn matches(&mut self, events: &[Event]) -> Result<Vec<bool>, FunctionError> {
+        let answers = self.slot.run(|world, store, resource| {
+            world
+                .laurel_award_filters()
+                .filter()
+                .call_matches(store, resource, events)
+        })?;
+        if answers.len() != events.len() {
+            return Err(self.slot.invalid(format!(
+                "{} answers for {} events",
+                answers.len(),
+                events.len()
+            )));
+        }
+        self.slot.succeeded();
+        Ok(answers)
+    }
+}
+
+/// A rule created from one config.
+pub struct RuleInstance {
+    slot: Slot<bindings::rule::Rule>,
+}
+
+impl RuleInstance {
+    pub fn new(function: Arc<Function>, config: &str) -> Result<RuleInstance, FunctionError> {
+        Ok(RuleInstance {
+            slot: Slot::new(function, config)?,
+        })
+    }
+
+    pub fn function(&self) -> &Arc<Function> {
+        &self.slot.function
+    }
+
+    /// One answer per event: `Ok(None)` when the rule ignores the event,
+    /// `Err(reason)` when the rule says the event is unusable.
+    pub fn contribute(
+        &mut self,
+        events: &[Event],
+    ) -> Result<Vec<Result<Option<Contribution>, String>>, FunctionError> {
+        let answers = self.slot.run(|world, store, resource| {
+            world
+                .laurel_award_rules()
+                .rule()
+                .call_contribute(store, resource, events)
+        })?;
+        if answers.len() != events.len() {
+            return Err(self.slot.invalid(format!(
+                "{} answers for {} events",
+                answers.len(),
+                events.len()
+            )));
+        }
+        let limits = &self.slot.function.runtime.limits;
+        let mut checked = Vec::with_capacity(answers.len());
+        for answer in answers {
+            match answer {
+                Ok(Some(contribution)) => {
+                    if let Err(reason) = check_contribution(
+                        &contribution,
+                        limits.max_counters,
+                        limits.max_text_bytes,
+                    ) {
+                        return Err(self.slot.invalid(reason));
+                    }
+                    checked.push(Ok(Some(contribution)));
+                }
+                Ok(None) => checked.push(Ok(None)),
+                Err(reason) => checked.push(Err(truncate(reason, limits.max_text_bytes))),
+            }
+        }
+        self.slot.succeeded();
+        Ok(checked)
+    }
+}
+
+fn check_contribution(
+    contribution: &Contribution,
+    max_counters: usize,
+    max_text: usize,
+) -> Result<(), String> {
+    if contribution.counters.len() > max_counters {
+        return Err(format!(
+            "a contribution names {} counters, over the limit of {max_counters}",
+            contribution.counters.len()
+        ));
+    }
+    for counter in &contribution.counters {
+        if counter.name.is_empty() || counter.name.len() > 128 {
+            return Err(format!(
+                "counter name of {} bytes (must be 1 to 128)",
+                counter.name.len()
+            ));
+        }
+    }
+    if let Some(key) = &contribution.dedup_key
+        && key.len() > max_text
+    {
+        return Err(format!(
+            "de-duplication key of {} bytes, over the limit of {max_text}",
+            key.len()
+        ));
+    }
+    Ok(())
+}
+
+/// A strategy created from one config (the award's strategy tree).
+pub struct StrategyInstance {
+    slot: Slot<bindings::strategy::Strategy>,
+    objectives: Vec<String>,
+}
+
+impl StrategyInstance {
+    pub fn new(function: Arc<Function>, config: &str) -> Result<StrategyInstance, FunctionError> {
+        let mut slot: Slot<bindings::strategy::Strategy> = Slot::new(function, config)?;
+        let objectives = slot.run(|world, store, resource| {
+            world
+                .laurel_award_strategies()
+                .strategy()
+                .call_objectives(store, resource)
+        })?;
+        Ok(StrategyInstance { slot, objectives })
+    }
+
+    pub fn function(&self) -> &Arc<Function> {
+        &self.slot.function
+    }
+
+    /// The objective ids the strategy's config refers to.
+    pub fn objectives(&self) -> &[String] {
+        &self.objectives
+    }
+
+    /// One answer per user.
+    pub fn evaluate(
+        &mut self,
+        users: &[Vec<ObjectiveState>],
+    ) -> Result<Vec<Result<Progress, String>>, FunctionError> {
+        let answers = self.slot.run(|world, store, resource| {
+            world
+                .laurel_award_strategies()
+                .strategy()
+                .call_evaluate(store, resource, users)
+        })?;
+        if answers.len() != users.len() {
+            return Err(self.slot.invalid(format!(
+                "{} answers for {} users",
+                answers.len(),
+                users.len()
+            )));
+        }
+        let max_text = self.slot.function.runtime.limits.max_text_bytes;
+        let mut checked = Vec::with_capacity(answers.len());
+        for answer in answers {
+            match answer {
+                Ok(p) if !(p.progress.is_finite() && p.goal.is_finite()) => {
+                    return Err(self.slot.invalid(format!(
+                        "non-finite progress {} / goal {}",
+                        p.progress, p.goal
+                    )));
+                }
+                Ok(p) => checked.push(Ok(p)),
+                Err(reason) => checked.push(Err(truncate(reason, max_text))),
+            }
+        }
+        self.slot.succeeded();
+        Ok(checked)
+    }
+}

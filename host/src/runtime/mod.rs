@@ -1,0 +1,557 @@
+//! The Wasm sandbox: engine, limits, compiled-artifact cache, and calls into
+//! filter, rule and strategy components.
+//!
+//! **Architecture Invariant:** only this module imports `wasmtime`. The rest
+//! of the host sees [`Function`] (a loaded component version), the typed
+//! instances ([`FilterInstance`], [`RuleInstance`], [`StrategyInstance`]) and
+//! [`FunctionError`].
+//!
+//! Every call runs under a CPU budget (epoch deadline), a memory limit
+//! (resource limiter; the pooling allocator caps it too) and output limits.
+//! A trap replaces the instance; a version that fails
+//! [`Limits::quarantine_after`] times in a row is quarantined: its calls fail
+//! fast with [`FunctionError::Quarantined`] until a new version is pushed.
+
+mod bindings;
+mod cache;
+mod guest_output;
+mod instance;
+
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use tokio::sync::mpsc;
+use tracing::error;
+use wasmtime::component::{Component, Linker, ResourceTable, types::ComponentItem};
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+pub use bindings::{Contribution, Counter, Event, Field, ObjectiveState, Progress, Scalar};
+pub use instance::{FilterInstance, RuleInstance, StrategyInstance};
+
+use self::cache::CompileCache;
+use self::guest_output::GuestOutput;
+
+/// What a component is for, recognised from the interface it exports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FunctionKind {
+    Filter,
+    Rule,
+    Strategy,
+}
+
+impl FunctionKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FunctionKind::Filter => "filter",
+            FunctionKind::Rule => "rule",
+            FunctionKind::Strategy => "strategy",
+        }
+    }
+
+    pub fn parse(kind: &str) -> Option<FunctionKind> {
+        match kind {
+            "filter" => Some(FunctionKind::Filter),
+            "rule" => Some(FunctionKind::Rule),
+            "strategy" => Some(FunctionKind::Strategy),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for FunctionKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Per-function limits. The defaults suit the built-in library with room to
+/// spare; every one is a setting (see `Settings`).
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// CPU time one call (one batch) may take.
+    pub cpu_budget: Duration,
+    /// Linear memory one instance may grow to.
+    pub memory_bytes: usize,
+    /// Largest component accepted.
+    pub component_bytes: usize,
+    /// Instances alive at once (pooling allocator slots).
+    pub instances: u32,
+    /// Consecutive failures after which a version is quarantined.
+    pub quarantine_after: u32,
+    /// Counters one contribution may name.
+    pub max_counters: usize,
+    /// Longest string a function may return (names, error texts).
+    pub max_text_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            cpu_budget: Duration::from_millis(100),
+            memory_bytes: 64 << 20,
+            component_bytes: 16 << 20,
+            instances: 1000,
+            quarantine_after: 5,
+            max_counters: 64,
+            max_text_bytes: 4096,
+        }
+    }
+}
+
+/// Why loading a component failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("component {name} is {size} bytes, over the limit of {limit} bytes")]
+    TooLarge {
+        name: String,
+        size: usize,
+        limit: usize,
+    },
+    #[error("component {name} is not a valid Wasm component: {reason}")]
+    Invalid { name: String, reason: String },
+    #[error(
+        "component {name} exports none of the Laurel worlds (filter: {FILTER}, rule: {RULE}, strategy: {STRATEGY}); \
+         it exports: {exports}",
+        FILTER = bindings::FILTER_EXPORT,
+        RULE = bindings::RULE_EXPORT,
+        STRATEGY = bindings::STRATEGY_EXPORT
+    )]
+    UnknownKind { name: String, exports: String },
+    #[error(
+        "component {name} exports more than one Laurel world ({kinds}); a function has one kind"
+    )]
+    AmbiguousKind { name: String, kinds: String },
+    #[error("component {name} is a {actual}, but it is registered as a {expected}")]
+    WrongKind {
+        name: String,
+        expected: FunctionKind,
+        actual: FunctionKind,
+    },
+    #[error("component {name} cannot be linked: {reason}")]
+    Link { name: String, reason: String },
+}
+
+/// Why a call into a function failed. Each names the function and version.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum FunctionError {
+    #[error("function {name} v{version} rejected its config: {reason}")]
+    Config {
+        name: String,
+        version: i32,
+        reason: String,
+    },
+    #[error("function {name} v{version} exceeded its CPU budget of {budget_ms} ms")]
+    Timeout {
+        name: String,
+        version: i32,
+        budget_ms: u128,
+    },
+    #[error("function {name} v{version} exceeded its memory limit: {reason}")]
+    Memory {
+        name: String,
+        version: i32,
+        reason: String,
+    },
+    #[error("function {name} v{version} trapped: {reason}")]
+    Trap {
+        name: String,
+        version: i32,
+        reason: String,
+    },
+    #[error("function {name} v{version} returned an invalid result: {reason}")]
+    InvalidOutput {
+        name: String,
+        version: i32,
+        reason: String,
+    },
+    #[error("function {name} v{version} is quarantined: {reason}")]
+    Quarantined {
+        name: String,
+        version: i32,
+        reason: String,
+    },
+    #[error("function {name} v{version} could not be instantiated: {reason}")]
+    Instantiate {
+        name: String,
+        version: i32,
+        reason: String,
+    },
+}
+
+impl FunctionError {
+    /// Failures count towards quarantine; a rejected config does not (it is
+    /// the award's mistake, reported when the award is applied).
+    fn counts_as_failure(&self) -> bool {
+        !matches!(
+            self,
+            FunctionError::Config { .. } | FunctionError::Quarantined { .. }
+        )
+    }
+}
+
+/// A quarantine, for whoever records it (the registry writes it to the
+/// database).
+#[derive(Debug, Clone)]
+pub struct Quarantine {
+    pub name: String,
+    pub version: i32,
+    pub reason: String,
+}
+
+/// The sandbox. Cheap to clone.
+#[derive(Clone)]
+pub struct Runtime {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    engine: Engine,
+    linker: Linker<GuestState>,
+    limits: Limits,
+    cache: Option<CompileCache>,
+    quarantines: Mutex<Option<mpsc::UnboundedSender<Quarantine>>>,
+}
+
+/// Epoch ticks per second; a call's deadline is its budget in ticks.
+const TICK: Duration = Duration::from_millis(2);
+
+impl Runtime {
+    /// Builds the engine for the synchronous worlds. `cache_dir`: where
+    /// compiled artifacts are kept across restarts (`None`: compile always).
+    pub fn new(limits: Limits, cache_dir: Option<PathBuf>) -> anyhow::Result<Runtime> {
+        let mut config = Config::new();
+        // The filter/rule/strategy worlds are synchronous: without
+        // concurrency support each call is cheaper (pitfalls: ~25%).
+        config.concurrency_support(false);
+        config.epoch_interruption(true);
+        let mut pool = PoolingAllocationConfig::new();
+        pool.total_component_instances(limits.instances)
+            .total_core_instances(limits.instances.saturating_mul(8))
+            .total_memories(limits.instances.saturating_mul(2))
+            .total_tables(limits.instances.saturating_mul(4))
+            .max_memory_size(limits.memory_bytes)
+            .max_unused_warm_slots(limits.instances.min(100));
+        config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+        let engine = Engine::new(&config)
+            .map_err(|e| anyhow::anyhow!("failed to create the Wasm engine: {e}"))?;
+
+        let mut linker = Linker::new(&engine);
+        // Even pure wasm32-wasip2 guests import wasi:cli and wasi:io.
+        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
+            .map_err(|e| anyhow::anyhow!("failed to link WASI: {e}"))?;
+        // The shared types interface has no functions; it only needs to exist.
+        linker
+            .instance(bindings::TYPES_IMPORT)
+            .map_err(|e| anyhow::anyhow!("failed to define {}: {e}", bindings::TYPES_IMPORT))?;
+
+        let cache = cache_dir.map(|dir| CompileCache::new(dir, &engine));
+        let inner = Arc::new(Inner {
+            engine,
+            linker,
+            limits,
+            cache,
+            quarantines: Mutex::new(None),
+        });
+        spawn_epoch_ticker(Arc::downgrade(&inner));
+        Ok(Runtime { inner })
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.inner.limits
+    }
+
+    /// Where quarantines are reported (one receiver; a later call replaces it).
+    pub fn quarantine_reports(&self) -> mpsc::UnboundedReceiver<Quarantine> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        *self
+            .inner
+            .quarantines
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(tx);
+        rx
+    }
+
+    /// The kind of a component, checking it on the way: size, validity,
+    /// exactly one Laurel world, and that its imports can be satisfied.
+    pub fn inspect(&self, name: &str, bytes: &[u8]) -> Result<FunctionKind, LoadError> {
+        let sha256 = hex::encode(Sha256::digest(bytes));
+        Ok(self.load(name, 0, &sha256, bytes, None)?.kind)
+    }
+
+    /// Loads (compiles, or takes from the cache) a component version.
+    /// `expected`: the kind it is registered as, if known.
+    pub fn load(
+        &self,
+        name: &str,
+        version: i32,
+        sha256: &str,
+        bytes: &[u8],
+        expected: Option<FunctionKind>,
+    ) -> Result<Arc<Function>, LoadError> {
+        let limit = self.inner.limits.component_bytes;
+        if bytes.len() > limit {
+            return Err(LoadError::TooLarge {
+                name: name.to_string(),
+                size: bytes.len(),
+                limit,
+            });
+        }
+        let component = match &self.inner.cache {
+            Some(cache) => cache.load_or_compile(sha256, bytes),
+            None => Component::new(&self.inner.engine, bytes),
+        }
+        .map_err(|e| LoadError::Invalid {
+            name: name.to_string(),
+            reason: format!("{e:#}"),
+        })?;
+
+        let kind = kind_of(name, &component, &self.inner.engine)?;
+        if let Some(expected) = expected
+            && expected != kind
+        {
+            return Err(LoadError::WrongKind {
+                name: name.to_string(),
+                expected,
+                actual: kind,
+            });
+        }
+        let link_error = |e: wasmtime::Error| LoadError::Link {
+            name: name.to_string(),
+            reason: format!("{e:#}"),
+        };
+        let pre = self
+            .inner
+            .linker
+            .instantiate_pre(&component)
+            .map_err(link_error)?;
+        let pre = match kind {
+            FunctionKind::Filter => {
+                Pre::Filter(bindings::filter::FilterPre::new(pre).map_err(link_error)?)
+            }
+            FunctionKind::Rule => Pre::Rule(bindings::rule::RulePre::new(pre).map_err(link_error)?),
+            FunctionKind::Strategy => {
+                Pre::Strategy(bindings::strategy::StrategyPre::new(pre).map_err(link_error)?)
+            }
+        };
+        Ok(Arc::new(Function {
+            name: name.to_string(),
+            version,
+            sha256: sha256.to_string(),
+            kind,
+            pre,
+            failures: AtomicU32::new(0),
+            quarantine: OnceLock::new(),
+            runtime: self.inner.clone(),
+        }))
+    }
+}
+
+fn kind_of(name: &str, component: &Component, engine: &Engine) -> Result<FunctionKind, LoadError> {
+    let ty = component.component_type();
+    let mut kinds = Vec::new();
+    let mut exports = Vec::new();
+    for (export, item) in ty.exports(engine) {
+        exports.push(export.to_string());
+        if !matches!(item.ty, ComponentItem::ComponentInstance(_)) {
+            continue;
+        }
+        match export {
+            bindings::FILTER_EXPORT => kinds.push(FunctionKind::Filter),
+            bindings::RULE_EXPORT => kinds.push(FunctionKind::Rule),
+            bindings::STRATEGY_EXPORT => kinds.push(FunctionKind::Strategy),
+            _ => {}
+        }
+    }
+    match kinds.as_slice() {
+        [kind] => Ok(*kind),
+        [] => Err(LoadError::UnknownKind {
+            name: name.to_string(),
+            exports: if exports.is_empty() {
+                "nothing".into()
+            } else {
+                exports.join(", ")
+            },
+        }),
+        many => Err(LoadError::AmbiguousKind {
+            name: name.to_string(),
+            kinds: many
+                .iter()
+                .map(|k| k.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+        }),
+    }
+}
+
+fn spawn_epoch_ticker(runtime: Weak<Inner>) {
+    std::thread::Builder::new()
+        .name("laurel-wasm-epoch".into())
+        .spawn(move || {
+            while let Some(inner) = runtime.upgrade() {
+                inner.engine.increment_epoch();
+                drop(inner);
+                std::thread::sleep(TICK);
+            }
+        })
+        .expect("failed to spawn the epoch ticker thread");
+}
+
+enum Pre {
+    Filter(bindings::filter::FilterPre<GuestState>),
+    Rule(bindings::rule::RulePre<GuestState>),
+    Strategy(bindings::strategy::StrategyPre<GuestState>),
+}
+
+/// One loaded component version: compiled, linked, ready to instantiate.
+/// Instances hold an `Arc` of it, so a call in flight finishes on the
+/// version it started with while a newer one takes over.
+pub struct Function {
+    pub name: String,
+    pub version: i32,
+    pub sha256: String,
+    pub kind: FunctionKind,
+    pre: Pre,
+    failures: AtomicU32,
+    quarantine: OnceLock<String>,
+    runtime: Arc<Inner>,
+}
+
+impl fmt::Debug for Function {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Function")
+            .field("name", &self.name)
+            .field("version", &self.version)
+            .field("kind", &self.kind)
+            .field("sha256", &self.sha256)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Function {
+    /// The reason this version was quarantined, if it was.
+    pub fn quarantined(&self) -> Option<&str> {
+        self.quarantine.get().map(String::as_str)
+    }
+
+    /// Quarantines this version (also used when the database says it was
+    /// quarantined by another process).
+    pub fn set_quarantined(&self, reason: String) -> bool {
+        self.quarantine.set(reason).is_ok()
+    }
+
+    fn record(&self, outcome: &Result<(), FunctionError>) {
+        match outcome {
+            Ok(()) => {
+                if self.failures.load(Ordering::Relaxed) != 0 {
+                    self.failures.store(0, Ordering::Relaxed);
+                }
+            }
+            Err(error) if error.counts_as_failure() => {
+                let failures = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
+                let limit = self.runtime.limits.quarantine_after;
+                if failures >= limit {
+                    let reason = format!("{failures} consecutive failures, the last: {error}");
+                    if self.set_quarantined(reason.clone()) {
+                        error!(
+                            message = "Function quarantined.",
+                            function = %self.name,
+                            version = self.version,
+                            error = %reason
+                        );
+                        let sender = self
+                            .runtime
+                            .quarantines
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .clone();
+                        if let Some(sender) = sender {
+                            let _ = sender.send(Quarantine {
+                                name: self.name.clone(),
+                                version: self.version,
+                                reason,
+                            });
+                        }
+                    }
+                }
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+/// What a guest's store holds.
+pub(crate) struct GuestState {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    limiter: MemoryLimiter,
+    stderr: GuestOutput,
+}
+
+impl WasiView for GuestState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl GuestState {
+    fn new(memory_bytes: usize) -> GuestState {
+        let stderr = GuestOutput::new(2048);
+        // No environment, arguments, files or network: a function sees only
+        // what it is called with. Its stderr is kept (the tail) so a panic
+        // message can be reported.
+        let wasi = WasiCtx::builder().stderr(stderr.clone()).build();
+        GuestState {
+            wasi,
+            table: ResourceTable::new(),
+            limiter: MemoryLimiter {
+                limit: memory_bytes,
+            },
+            stderr,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("tried to grow memory to {desired} bytes, over the limit of {limit} bytes")]
+struct MemoryLimitExceeded {
+    desired: usize,
+    limit: usize,
+}
+
+struct MemoryLimiter {
+    limit: usize,
+}
+
+impl wasmtime::ResourceLimiter for MemoryLimiter {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired > self.limit {
+            return Err(wasmtime::Error::new(MemoryLimitExceeded {
+                desired,
+                limit: self.limit,
+            }));
+        }
+        Ok(true)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        Ok(desired <= 100_000)
+    }
+}

@@ -1,0 +1,85 @@
+//! Settings shared by every command: flags, then environment variables,
+//! then defaults (see the contract's table).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+
+use crate::runtime::Limits;
+
+#[derive(Debug, Clone, Args)]
+pub struct Settings {
+    /// PostgreSQL URL.
+    #[arg(
+        long,
+        global = true,
+        env = "LAUREL_DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/laurel"
+    )]
+    pub database_url: String,
+
+    /// Where compiled components are cached across restarts.
+    #[arg(long, global = true, env = "LAUREL_CACHE_DIR")]
+    pub cache_dir: Option<PathBuf>,
+
+    /// CPU time a function call (one batch) may take, in milliseconds.
+    #[arg(
+        long,
+        global = true,
+        env = "LAUREL_FUNCTION_CPU_MS",
+        default_value_t = 100
+    )]
+    pub function_cpu_ms: u64,
+
+    /// Memory a function instance may use, in MiB.
+    #[arg(
+        long,
+        global = true,
+        env = "LAUREL_FUNCTION_MEMORY_MIB",
+        default_value_t = 64
+    )]
+    pub function_memory_mib: usize,
+
+    /// Largest component accepted, in MiB.
+    #[arg(
+        long,
+        global = true,
+        env = "LAUREL_FUNCTION_MAX_MIB",
+        default_value_t = 16
+    )]
+    pub function_max_mib: usize,
+
+    /// Consecutive failures after which a function version is quarantined.
+    #[arg(
+        long,
+        global = true,
+        env = "LAUREL_FUNCTION_QUARANTINE_AFTER",
+        default_value_t = 5
+    )]
+    pub function_quarantine_after: u32,
+}
+
+impl Settings {
+    pub fn limits(&self) -> Limits {
+        Limits {
+            cpu_budget: Duration::from_millis(self.function_cpu_ms),
+            memory_bytes: self.function_memory_mib << 20,
+            component_bytes: self.function_max_mib << 20,
+            quarantine_after: self.function_quarantine_after.max(1),
+            ..Limits::default()
+        }
+    }
+
+    /// `--cache-dir`, else `$XDG_CACHE_HOME/laurel/compiled`, else
+    /// `~/.cache/laurel/compiled`.
+    pub fn cache_dir(&self) -> Option<PathBuf> {
+        if let Some(dir) = &self.cache_dir {
+            return Some(dir.clone());
+        }
+        let base = std::env::var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))?;
+        Some(base.join("laurel").join("compiled"))
+    }
+}

@@ -1,0 +1,266 @@
+//! PostgreSQL: connections, the schema (migrations) and every query.
+//!
+//! **Architecture Invariant:** only this module imports `tokio_postgres`.
+//! Other modules get typed rows and typed errors.
+
+mod functions;
+mod migrations;
+
+pub use functions::{FunctionRow, FunctionVersion, PushOutcome};
+pub use migrations::MIGRATIONS;
+
+use std::time::Duration;
+
+use futures_util::{StreamExt, stream};
+use tokio::sync::mpsc;
+use tokio_postgres::{AsyncMessage, Client, NoTls, config::Config};
+use tracing::{debug, info, warn};
+
+/// The channel on which a function push is announced; the payload is the
+/// function's name.
+pub const FUNCTIONS_CHANNEL: &str = "laurel_functions";
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("invalid database URL {url:?}: {source}")]
+    InvalidUrl {
+        url: String,
+        source: tokio_postgres::Error,
+    },
+    #[error("failed to connect to PostgreSQL at {target}: {source}")]
+    Connect {
+        target: String,
+        source: tokio_postgres::Error,
+    },
+    #[error("migration {name} failed: {source}")]
+    Migration {
+        name: String,
+        source: tokio_postgres::Error,
+    },
+    #[error(
+        "migration {name} was changed after it was applied (applied sha256 {applied}, file sha256 {file}); \
+         migrations are never edited once landed: add a new one"
+    )]
+    MigrationEdited {
+        name: String,
+        applied: String,
+        file: String,
+    },
+    #[error("database error while {context}: {source}")]
+    Query {
+        context: &'static str,
+        source: tokio_postgres::Error,
+    },
+}
+
+pub(crate) trait QueryContext<T> {
+    fn context(self, context: &'static str) -> Result<T, StoreError>;
+}
+
+impl<T> QueryContext<T> for Result<T, tokio_postgres::Error> {
+    fn context(self, context: &'static str) -> Result<T, StoreError> {
+        self.map_err(|source| StoreError::Query { context, source })
+    }
+}
+
+/// A connection to Laurel's database.
+pub struct Store {
+    client: Client,
+}
+
+fn describe(config: &Config) -> String {
+    let hosts = config
+        .get_hosts()
+        .iter()
+        .map(|host| match host {
+            tokio_postgres::config::Host::Tcp(name) => name.clone(),
+            tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(",");
+    let ports = config
+        .get_ports()
+        .iter()
+        .map(u16::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    format!("{hosts}:{ports}/{}", config.get_dbname().unwrap_or("?"))
+}
+
+fn parse(url: &str) -> Result<Config, StoreError> {
+    url.parse::<Config>()
+        .map_err(|source| StoreError::InvalidUrl {
+            url: url.to_string(),
+            source,
+        })
+}
+
+async fn open(
+    config: &Config,
+) -> Result<
+    (
+        Client,
+        tokio_postgres::Connection<tokio_postgres::Socket, tokio_postgres::tls::NoTlsStream>,
+    ),
+    StoreError,
+> {
+    config
+        .connect(NoTls)
+        .await
+        .map_err(|source| StoreError::Connect {
+            target: describe(config),
+            source,
+        })
+}
+
+impl Store {
+    /// Connects to the database at `url`, creating the database first if the
+    /// server is there but the database is not.
+    pub async fn connect(url: &str) -> Result<Store, StoreError> {
+        let config = parse(url)?;
+        let (client, connection) = match open(&config).await {
+            Ok(pair) => pair,
+            Err(StoreError::Connect { source, .. })
+                if source.as_db_error().is_some_and(|e| {
+                    e.code() == &tokio_postgres::error::SqlState::UNDEFINED_DATABASE
+                }) =>
+            {
+                create_database(&config).await?;
+                open(&config).await?
+            }
+            Err(error) => return Err(error),
+        };
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                warn!(message = "PostgreSQL connection closed.", %error);
+            }
+        });
+        Ok(Store { client })
+    }
+
+    pub(crate) fn client(&self) -> &Client {
+        &self.client
+    }
+
+    pub(crate) fn client_mut(&mut self) -> &mut Client {
+        &mut self.client
+    }
+
+    /// Applies the embedded migrations that have not been applied yet.
+    pub async fn migrate(&mut self) -> Result<Vec<&'static str>, StoreError> {
+        migrations::apply(self).await
+    }
+}
+
+async fn create_database(config: &Config) -> Result<(), StoreError> {
+    let name = config.get_dbname().unwrap_or("laurel").to_string();
+    let mut admin = config.clone();
+    admin.dbname("postgres");
+    let (client, connection) = open(&admin).await?;
+    let task = tokio::spawn(connection);
+    let quoted = format!("\"{}\"", name.replace('"', "\"\""));
+    match client
+        .batch_execute(&format!("CREATE DATABASE {quoted}"))
+        .await
+    {
+        Ok(()) => info!(message = "Created the database.", database = %name),
+        // Another process created it first.
+        Err(error)
+            if error.code() == Some(&tokio_postgres::error::SqlState::DUPLICATE_DATABASE) => {}
+        Err(source) => {
+            return Err(StoreError::Query {
+                context: "creating the database",
+                source,
+            });
+        }
+    }
+    drop(client);
+    let _ = task.await;
+    Ok(())
+}
+
+/// Forwards notifications on `channels` to the returned receiver, over a
+/// connection of its own. On a connection loss it reconnects (with backoff)
+/// and sends `None`, meaning "notifications may have been missed: reload".
+pub async fn listen(
+    url: &str,
+    channels: &[&str],
+) -> Result<mpsc::UnboundedReceiver<Option<(String, String)>>, StoreError> {
+    let config = parse(url)?;
+    let channels: Vec<String> = channels.iter().map(|c| c.to_string()).collect();
+    let (tx, rx) = mpsc::unbounded_channel();
+    // The first connection is made here so that a wrong URL fails loudly.
+    let first = subscribe(&config, &channels, tx.clone()).await?;
+    tokio::spawn(async move {
+        let mut session = first;
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            let reason = session.await.unwrap_or_else(|error| error.to_string());
+            if tx.is_closed() {
+                return;
+            }
+            warn!(message = "Lost the notification connection; reconnecting.", error = %reason);
+            loop {
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+                match subscribe(&config, &channels, tx.clone()).await {
+                    Ok(next) => {
+                        session = next;
+                        backoff = Duration::from_millis(100);
+                        let _ = tx.send(None);
+                        break;
+                    }
+                    Err(error) => warn!(message = "Reconnecting for notifications failed.", %error),
+                }
+                if tx.is_closed() {
+                    return;
+                }
+            }
+        }
+    });
+    Ok(rx)
+}
+
+/// One LISTEN session; the returned task ends with the reason it ended.
+async fn subscribe(
+    config: &Config,
+    channels: &[String],
+    tx: mpsc::UnboundedSender<Option<(String, String)>>,
+) -> Result<tokio::task::JoinHandle<String>, StoreError> {
+    let (client, mut connection) = open(config).await?;
+    let client = std::sync::Arc::new(client);
+    let session_client = client.clone();
+    let mut messages = stream::poll_fn(move |cx| connection.poll_message(cx));
+    // This task polls the connection (which the LISTEN commands below need)
+    // and owns a handle to the client: the session lives as long as it does.
+    let task = tokio::spawn(async move {
+        let _client = session_client;
+        loop {
+            match messages.next().await {
+                Some(Ok(AsyncMessage::Notification(n))) => {
+                    debug!(
+                        message = "Notification.",
+                        channel = n.channel(),
+                        payload = n.payload()
+                    );
+                    if tx
+                        .send(Some((n.channel().to_string(), n.payload().to_string())))
+                        .is_err()
+                    {
+                        return "listener dropped".to_string();
+                    }
+                }
+                Some(Ok(_)) => {}
+                Some(Err(error)) => return error.to_string(),
+                None => return "connection closed".to_string(),
+            }
+        }
+    });
+    for channel in channels {
+        client
+            .batch_execute(&format!("LISTEN {channel}"))
+            .await
+            .context("subscribing to notifications")?;
+    }
+    Ok(task)
+}

@@ -1,0 +1,218 @@
+//! Hostile guests: a real component (functions/testing/hostile) that loops,
+//! allocates 1 GiB, panics or floods its output on request. Each ends with a
+//! clear error within its budget, the host carries on, other functions keep
+//! working, and repeated failure quarantines the offender.
+
+use std::time::{Duration, Instant};
+
+use laurel::runtime::{FilterInstance, FunctionError, Limits, RuleInstance};
+
+use crate::support::{self, event_of_type};
+
+fn hostile(limits: Limits) -> (laurel::runtime::Runtime, RuleInstance) {
+    let runtime = support::runtime_with(limits);
+    let function = runtime
+        .load(
+            "Hostile",
+            1,
+            "test",
+            &support::guest_bytes("hostile_function"),
+            None,
+        )
+        .expect("hostile component loads");
+    let rule = RuleInstance::new(function, "{}").expect("hostile rule creates");
+    (runtime, rule)
+}
+
+fn generous() -> Limits {
+    Limits {
+        quarantine_after: 100,
+        ..Limits::default()
+    }
+}
+
+/// The hostile rule answers normally again, and a built-in keeps working.
+fn assert_still_serving(runtime: &laurel::runtime::Runtime, rule: &mut RuleInstance) {
+    let answers = rule
+        .contribute(&[event_of_type("ok-1", "photo.created")])
+        .expect("a normal event works after");
+    assert_eq!(
+        answers[0].as_ref().unwrap().as_ref().unwrap().counters[0].value,
+        1
+    );
+    let source = support::builtin(runtime, "SourceFilter");
+    let mut filter = FilterInstance::new(source, r#"{"sources": ["photos"]}"#).unwrap();
+    assert_eq!(
+        filter
+            .matches(&[event_of_type("ok-2", "photo.created")])
+            .unwrap(),
+        vec![true]
+    );
+}
+
+#[test]
+fn endless_loop_ends_at_the_cpu_budget() {
+    let (runtime, mut rule) = hostile(Limits {
+        cpu_budget: Duration::from_millis(50),
+        ..generous()
+    });
+    let started = Instant::now();
+    let error = rule
+        .contribute(&[event_of_type("e-loop", "loop")])
+        .unwrap_err();
+    let elapsed = started.elapsed();
+    assert!(
+        matches!(error, FunctionError::Timeout { budget_ms: 50, .. }),
+        "{error:?}"
+    );
+    assert_eq!(
+        error.to_string(),
+        "function Hostile v1 exceeded its CPU budget of 50 ms"
+    );
+    // A bound, not a benchmark: the budget plus scheduling slack.
+    assert!(elapsed < Duration::from_secs(2), "the loop ran {elapsed:?}");
+    assert_still_serving(&runtime, &mut rule);
+}
+
+#[test]
+fn one_gib_allocation_hits_the_memory_limit() {
+    let (runtime, mut rule) = hostile(Limits {
+        memory_bytes: 32 << 20,
+        ..generous()
+    });
+    let error = rule
+        .contribute(&[event_of_type("e-alloc", "alloc")])
+        .unwrap_err();
+    assert!(matches!(error, FunctionError::Memory { .. }), "{error:?}");
+    let message = error.to_string();
+    assert!(
+        message.starts_with("function Hostile v1 exceeded its memory limit"),
+        "{message}"
+    );
+    assert!(
+        message.contains("over the limit of 33554432 bytes"),
+        "{message}"
+    );
+    assert_still_serving(&runtime, &mut rule);
+}
+
+#[test]
+fn panic_is_a_trap_that_names_the_function_and_says_why() {
+    let (runtime, mut rule) = hostile(generous());
+    let error = rule
+        .contribute(&[event_of_type("e-17", "panic")])
+        .unwrap_err();
+    assert!(matches!(error, FunctionError::Trap { .. }), "{error:?}");
+    let message = error.to_string();
+    assert!(
+        message.starts_with("function Hostile v1 trapped:"),
+        "{message}"
+    );
+    assert!(
+        message.contains("hostile rule panics on event e-17"),
+        "the guest's panic message is kept: {message}"
+    );
+    assert_still_serving(&runtime, &mut rule);
+}
+
+#[test]
+fn huge_output_is_refused() {
+    let (runtime, mut rule) = hostile(generous());
+    let error = rule
+        .contribute(&[event_of_type("e-huge", "huge")])
+        .unwrap_err();
+    assert!(
+        matches!(error, FunctionError::InvalidOutput { .. }),
+        "{error:?}"
+    );
+    assert_eq!(
+        error.to_string(),
+        "function Hostile v1 returned an invalid result: a contribution names 100000 counters, over the limit of 64"
+    );
+    assert_still_serving(&runtime, &mut rule);
+}
+
+#[test]
+fn panic_while_creating_is_reported() {
+    let runtime = support::runtime();
+    let function = runtime
+        .load(
+            "Hostile",
+            3,
+            "test",
+            &support::guest_bytes("hostile_function"),
+            None,
+        )
+        .unwrap();
+    let error = RuleInstance::new(function, r#"{"on_create": "panic"}"#)
+        .err()
+        .expect("creation fails");
+    let message = error.to_string();
+    assert!(
+        message.starts_with("function Hostile v3 trapped:"),
+        "{message}"
+    );
+    assert!(
+        message.contains("hostile rule panics on create"),
+        "{message}"
+    );
+}
+
+#[test]
+fn repeated_failure_quarantines_only_the_offender() {
+    let (runtime, mut rule) = hostile(Limits {
+        quarantine_after: 3,
+        ..Limits::default()
+    });
+    let mut reports = runtime.quarantine_reports();
+    for i in 0..3 {
+        let error = rule
+            .contribute(&[event_of_type(&format!("p-{i}"), "panic")])
+            .unwrap_err();
+        assert!(matches!(error, FunctionError::Trap { .. }), "{error:?}");
+    }
+    // Now even a harmless event is refused without running the guest.
+    let error = rule
+        .contribute(&[event_of_type("fine", "photo.created")])
+        .unwrap_err();
+    assert!(
+        matches!(error, FunctionError::Quarantined { .. }),
+        "{error:?}"
+    );
+    let message = error.to_string();
+    assert!(
+        message.starts_with("function Hostile v1 is quarantined: 3 consecutive failures"),
+        "{message}"
+    );
+    assert!(
+        message.contains("hostile rule panics on event p-2"),
+        "{message}"
+    );
+    let report = reports.try_recv().expect("the quarantine is reported");
+    assert_eq!((report.name.as_str(), report.version), ("Hostile", 1));
+    // Other functions in the same runtime are unaffected.
+    let source = support::builtin(&runtime, "SourceFilter");
+    let mut filter = FilterInstance::new(source, r#"{"sources": ["photos"]}"#).unwrap();
+    assert_eq!(
+        filter
+            .matches(&[event_of_type("ok", "photo.created")])
+            .unwrap(),
+        vec![true]
+    );
+}
+
+#[test]
+fn success_resets_the_failure_count() {
+    let (_runtime, mut rule) = hostile(Limits {
+        quarantine_after: 3,
+        ..Limits::default()
+    });
+    for round in 0..3 {
+        for i in 0..2 {
+            rule.contribute(&[event_of_type(&format!("p-{round}-{i}"), "panic")])
+                .unwrap_err();
+        }
+        rule.contribute(&[event_of_type(&format!("ok-{round}"), "photo.created")])
+            .expect("not quarantined");
+    }
+}

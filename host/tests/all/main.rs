@@ -1,0 +1,10 @@
+//! Integration tests, in one binary (one link). Real wasmtime running the
+//! components built from `functions/`, and a real PostgreSQL on loopback
+//! (`LAUREL_TEST_DATABASE_URL`, default `postgres://postgres@127.0.0.1:5432`),
+//! with a fresh database per test.
+
+mod cases;
+mod config_errors;
+mod hostile;
+mod registry;
+mod support;

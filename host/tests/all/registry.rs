@@ -1,0 +1,361 @@
+//! The function registry against a real PostgreSQL: migrations, the built-in
+//! library, pushes with kind checks, hot swap, quarantine records and the
+//! compiled-artifact cache.
+
+use std::time::Duration;
+
+use laurel::library;
+use laurel::registry::{self, Registry, RegistryError};
+use laurel::runtime::{FunctionKind, Limits, LoadError, Runtime};
+use laurel::store::PushOutcome;
+
+use crate::support::{self, TestDb, event_of_type};
+
+#[tokio::test]
+async fn migrate_registers_the_builtin_library_once() {
+    let db = TestDb::new().await;
+    let mut store = db.store().await;
+    let runtime = support::runtime();
+    let first = library::register(&mut store, &runtime).await.unwrap();
+    assert_eq!(first.len(), library::BUILTINS.len());
+    assert!(
+        first
+            .iter()
+            .all(|(_, outcome)| *outcome == PushOutcome::Created { version: 1 })
+    );
+    // Again: nothing new, and migrations are not re-applied.
+    assert!(
+        library::register(&mut store, &runtime)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(store.migrate().await.unwrap().is_empty());
+
+    let sql = db.sql().await;
+    let rows = sql
+        .query(
+            "SELECT name, kind, version, builtin FROM functions ORDER BY name",
+            &[],
+        )
+        .await
+        .unwrap();
+    let listed: Vec<(String, String, i32, bool)> = rows
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+        .collect();
+    let mut expected: Vec<(String, String, i32, bool)> = library::BUILTINS
+        .iter()
+        .map(|b| (b.name.to_string(), b.kind.as_str().to_string(), 1, true))
+        .collect();
+    expected.sort();
+    assert_eq!(listed, expected);
+    db.drop_database().await;
+}
+
+#[tokio::test]
+async fn push_checks_the_component_and_its_kind() {
+    let db = TestDb::new().await;
+    let mut store = db.store().await;
+    let runtime = support::runtime_with(Limits {
+        component_bytes: 1 << 20,
+        ..Limits::default()
+    });
+    let hostile = support::guest_bytes("hostile_function");
+
+    let wrong = registry::push(
+        &mut store,
+        &runtime,
+        "Mine",
+        &hostile,
+        Some(FunctionKind::Filter),
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(wrong, RegistryError::Load(LoadError::WrongKind { .. })),
+        "{wrong:?}"
+    );
+    assert_eq!(
+        wrong.to_string(),
+        "component Mine is a rule, but it is registered as a filter"
+    );
+
+    let junk = registry::push(&mut store, &runtime, "Mine", b"\0asm not really", None)
+        .await
+        .unwrap_err();
+    assert!(
+        junk.to_string()
+            .starts_with("component Mine is not a valid Wasm component:"),
+        "{junk}"
+    );
+
+    let big = vec![0u8; (1 << 20) + 1];
+    let too_big = registry::push(&mut store, &runtime, "Mine", &big, None)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        too_big.to_string(),
+        "component Mine is 1048577 bytes, over the limit of 1048576 bytes"
+    );
+
+    // A plain core module is not a component either.
+    let core = b"\0asm\x01\0\0\0";
+    let not_component = registry::push(&mut store, &runtime, "Mine", core, None)
+        .await
+        .unwrap_err();
+    assert!(
+        not_component
+            .to_string()
+            .starts_with("component Mine is not a valid Wasm component:"),
+        "{not_component}"
+    );
+
+    let sql = db.sql().await;
+    let count: i64 = sql
+        .query_one("SELECT count(*) FROM functions", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(count, 0, "nothing refused was persisted");
+
+    let (kind, outcome) = registry::push(&mut store, &runtime, "Mine", &hostile, None)
+        .await
+        .unwrap();
+    assert_eq!(
+        (kind, outcome),
+        (FunctionKind::Rule, PushOutcome::Created { version: 1 })
+    );
+    let (_, again) = registry::push(&mut store, &runtime, "Mine", &hostile, None)
+        .await
+        .unwrap();
+    assert_eq!(again, PushOutcome::Unchanged { version: 1 });
+    db.drop_database().await;
+}
+
+/// Waits (bounded) for the registry to serve `version` of `name`.
+async fn wait_for_version(registry: &Registry, name: &str, version: i32) -> Duration {
+    let started = std::time::Instant::now();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while registry.get(name).map(|f| f.version) != Some(version) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{name} v{version} was not loaded within 10 s"));
+    started.elapsed()
+}
+
+#[tokio::test]
+async fn pushed_version_takes_over_without_restart_and_calls_in_flight_keep_theirs() {
+    let db = TestDb::new().await;
+    let mut store = db.store().await;
+    let runtime = support::runtime();
+    registry::push(
+        &mut store,
+        &runtime,
+        "Swap",
+        &support::guest_bytes("accept_all_filter"),
+        None,
+    )
+    .await
+    .unwrap();
+    let registry = Registry::start(&db.url, runtime.clone()).await.unwrap();
+
+    let mut binding = registry.bind_filter("Swap", "{}").unwrap();
+    let events = [event_of_type("e-1", "photo.created")];
+    assert_eq!(binding.instance().matches(&events).unwrap(), vec![true]);
+    // An instance taken before the push stands for a call in flight.
+    let in_flight =
+        laurel::runtime::FilterInstance::new(registry.get("Swap").unwrap(), "{}").unwrap();
+
+    let (_, outcome) = registry::push(
+        &mut store,
+        &runtime,
+        "Swap",
+        &support::guest_bytes("reject_all_filter"),
+        None,
+    )
+    .await
+    .unwrap();
+    assert_eq!(outcome, PushOutcome::Created { version: 2 });
+    wait_for_version(&registry, "Swap", 2).await;
+
+    assert_eq!(
+        binding.instance().matches(&events).unwrap(),
+        vec![false],
+        "the next call uses v2"
+    );
+    assert_eq!(binding.instance().function().version, 2);
+    let mut in_flight = in_flight;
+    assert_eq!(
+        in_flight.matches(&events).unwrap(),
+        vec![true],
+        "the older instance still runs v1"
+    );
+    assert_eq!(in_flight.function().version, 1);
+    db.drop_database().await;
+}
+
+#[tokio::test]
+async fn a_version_that_fails_to_load_leaves_the_previous_in_service() {
+    let db = TestDb::new().await;
+    let mut store = db.store().await;
+    let runtime = support::runtime();
+    registry::push(
+        &mut store,
+        &runtime,
+        "Swap",
+        &support::guest_bytes("accept_all_filter"),
+        None,
+    )
+    .await
+    .unwrap();
+    let registry = Registry::start(&db.url, runtime).await.unwrap();
+    // Bytes that passed no checks (as if written by an older, laxer Laurel).
+    let sql = db.sql().await;
+    sql.execute(
+        "INSERT INTO functions (name, version, kind, sha256, bytes) VALUES ('Swap', 2, 'filter', repeat('0', 64), '\\x00'::bytea)",
+        &[],
+    )
+    .await
+    .unwrap();
+    sql.execute("NOTIFY laurel_functions, 'Swap'", &[])
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while registry.unloadable().is_empty() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the failure is reported");
+    let (name, version, reason) = registry.unloadable().remove(0);
+    assert_eq!((name.as_str(), version), ("Swap", 2));
+    assert!(reason.contains("not a valid Wasm component"), "{reason}");
+    assert_eq!(
+        registry.get("Swap").unwrap().version,
+        1,
+        "v1 stays in service"
+    );
+    db.drop_database().await;
+}
+
+#[tokio::test]
+async fn binding_reports_unknown_and_wrong_kind() {
+    let db = TestDb::new().await;
+    let mut store = db.store().await;
+    let runtime = support::runtime();
+    library::register(&mut store, &runtime).await.unwrap();
+    let registry = Registry::start(&db.url, runtime).await.unwrap();
+    let unknown = registry.bind_filter("NoSuchFilter", "{}").err().unwrap();
+    assert_eq!(
+        unknown.to_string(),
+        "no function named NoSuchFilter is registered"
+    );
+    let wrong = registry.bind_filter("CountRule", "{}").err().unwrap();
+    assert_eq!(
+        wrong.to_string(),
+        "function CountRule is a rule, not a filter"
+    );
+    let config = registry
+        .bind_rule("CountRule", r#"{"countr": "x"}"#)
+        .err()
+        .unwrap();
+    assert!(
+        config.to_string().starts_with(
+            "function CountRule v1 rejected its config: invalid config: unknown field `countr`"
+        ),
+        "{config}"
+    );
+    db.drop_database().await;
+}
+
+#[tokio::test]
+async fn quarantine_is_recorded_in_the_database() {
+    let db = TestDb::new().await;
+    let mut store = db.store().await;
+    let runtime = support::runtime_with(Limits {
+        quarantine_after: 2,
+        ..Limits::default()
+    });
+    registry::push(
+        &mut store,
+        &runtime,
+        "Hostile",
+        &support::guest_bytes("hostile_function"),
+        None,
+    )
+    .await
+    .unwrap();
+    let registry = Registry::start(&db.url, runtime).await.unwrap();
+    let mut rule = registry.bind_rule("Hostile", "{}").unwrap();
+    for i in 0..2 {
+        rule.instance()
+            .contribute(&[event_of_type(&format!("p-{i}"), "panic")])
+            .unwrap_err();
+    }
+    let sql = db.sql().await;
+    let reason: String = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let row = sql
+                .query_one("SELECT quarantine_reason FROM functions WHERE name = 'Hostile' AND version = 1", &[])
+                .await
+                .unwrap();
+            if let Some(reason) = row.get::<_, Option<String>>(0) {
+                return reason;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("quarantine recorded");
+    assert!(
+        reason.starts_with("2 consecutive failures, the last: function Hostile v1 trapped"),
+        "{reason}"
+    );
+    db.drop_database().await;
+}
+
+#[test]
+fn compiled_components_are_cached_and_a_corrupt_entry_is_recompiled() {
+    let dir = std::env::temp_dir().join(format!("laurel-cache-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let bytes = library::builtin("SourceFilter").unwrap().bytes;
+    let sha = "a".repeat(64);
+    let first = Runtime::new(Limits::default(), Some(dir.clone())).unwrap();
+    first.load("SourceFilter", 1, &sha, bytes, None).unwrap();
+    let entries: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(entries.len(), 1, "one artifact: {entries:?}");
+    assert!(
+        entries[0]
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with(&format!("{sha}-"))
+    );
+
+    // Another process (a new runtime) loads the artifact.
+    let second = Runtime::new(Limits::default(), Some(dir.clone())).unwrap();
+    let function = second.load("SourceFilter", 1, &sha, bytes, None).unwrap();
+    let mut filter =
+        laurel::runtime::FilterInstance::new(function, r#"{"sources": ["photos"]}"#).unwrap();
+    assert_eq!(
+        filter.matches(&[event_of_type("e", "t")]).unwrap(),
+        vec![true]
+    );
+
+    std::fs::write(&entries[0], b"garbage").unwrap();
+    let third = Runtime::new(Limits::default(), Some(dir.clone())).unwrap();
+    third
+        .load("SourceFilter", 1, &sha, bytes, None)
+        .expect("recompiled");
+    assert!(
+        std::fs::read(&entries[0]).unwrap().len() > 1000,
+        "the entry was rewritten"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

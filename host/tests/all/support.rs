@@ -1,0 +1,107 @@
+//! Shared test helpers.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use laurel::event::Envelope;
+use laurel::library;
+use laurel::runtime::{Event, Function, Limits, Runtime};
+use laurel::store::Store;
+use std::sync::Arc;
+
+pub fn runtime() -> Runtime {
+    runtime_with(Limits::default())
+}
+
+pub fn runtime_with(limits: Limits) -> Runtime {
+    // No on-disk cache here: tests check compilation, and must not depend
+    // on what an earlier run left behind. The cache has its own test.
+    Runtime::new(limits, None).expect("runtime")
+}
+
+/// A built-in function loaded straight from its bytes.
+pub fn builtin(runtime: &Runtime, name: &str) -> Arc<Function> {
+    let builtin = library::builtin(name).unwrap_or_else(|| panic!("no built-in named {name}"));
+    runtime
+        .load(name, 1, "test", builtin.bytes, Some(builtin.kind))
+        .expect("built-in loads")
+}
+
+/// A component from the guest build output, e.g. `hostile_function`.
+pub fn guest_bytes(file: &str) -> Vec<u8> {
+    let path = library::guest_dir().join(format!("{file}.wasm"));
+    std::fs::read(&path).unwrap_or_else(|e| panic!("failed to read {}: {e}", path.display()))
+}
+
+pub fn event(json: &str) -> Event {
+    Envelope::parse(json.as_bytes())
+        .expect("valid envelope")
+        .to_function_event()
+}
+
+/// An event of `type` with the contract's other fields filled in.
+pub fn event_of_type(id: &str, event_type: &str) -> Event {
+    event(&format!(
+        r#"{{"id":"{id}","source":"photos","type":"{event_type}","user_id":"u-1","authorized":true,
+            "content_id":"c-{id}","status":"active","occurred_at":"2026-12-01T10:00:00Z","payload":{{}}}}"#
+    ))
+}
+
+fn server_url() -> String {
+    std::env::var("LAUREL_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into())
+}
+
+/// A database of its own for one test; dropped by [`TestDb::drop_database`].
+pub struct TestDb {
+    pub url: String,
+    name: String,
+}
+
+impl TestDb {
+    pub async fn new() -> TestDb {
+        static COUNTER: AtomicU32 = AtomicU32::new(0);
+        let name = format!(
+            "laurel_test_{}_{}_{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .subsec_nanos()
+        );
+        let url = format!("{}/{name}", server_url());
+        // Store::connect creates the database.
+        let mut store = Store::connect(&url).await.expect("test database");
+        store.migrate().await.expect("migrations apply");
+        TestDb { url, name }
+    }
+
+    pub async fn store(&self) -> Store {
+        Store::connect(&self.url).await.expect("connect")
+    }
+
+    /// A plain client, to check what was persisted independently of the
+    /// code under test.
+    pub async fn sql(&self) -> tokio_postgres::Client {
+        connect(&self.url).await
+    }
+
+    pub async fn drop_database(self) {
+        let admin = connect(&format!("{}/postgres", server_url())).await;
+        admin
+            .batch_execute(&format!(
+                "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",
+                self.name
+            ))
+            .await
+            .expect("drop test database");
+    }
+}
+
+async fn connect(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(connection);
+    client
+}

@@ -1,24 +1,25 @@
 //! The `laurel` command line.
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use tracing::info;
+use tracing::{info, warn};
 
+use crate::catalog::Catalog;
+use crate::ingest::{self, LocalBroker};
 use crate::registry::{self, Registry};
 use crate::runtime::{FunctionKind, Runtime};
 use crate::settings::Settings;
 use crate::store::{PushOutcome, Store};
-use crate::{demo, library};
+use crate::{definitions, demo, library};
 
 #[derive(Debug, Parser)]
-#[command(
-    name = "laurel",
-    version,
-    about = "An achievements engine whose award logic ships as sandboxed WebAssembly"
-)]
+#[command(name = "laurel", version, about = "An achievements engine whose award logic ships as sandboxed WebAssembly")]
 pub struct Cli {
     #[command(flatten)]
     settings: Settings,
@@ -28,13 +29,19 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Migrate, register the built-in library, load every function and keep
-    /// them current until SIGINT/SIGTERM.
+    /// Everything in one process: migrate, register the built-in library,
+    /// then run every role until SIGINT/SIGTERM. Without
+    /// LAUREL_KAFKA_BROKERS, starts a Kafka broker in process.
     Up {
-        /// Also run the demo: the background write-up's examples through the
-        /// loaded functions.
+        /// Also load the demo awards and publish a small demo event stream.
         #[arg(long)]
         demo: bool,
+    },
+    /// Run some roles only (several processes may run the same roles).
+    Serve {
+        /// Comma-separated: ingest (more roles arrive with their issues).
+        #[arg(long, value_delimiter = ',', required = true)]
+        roles: Vec<String>,
     },
     /// Apply migrations/ (creating the database if missing) and register the
     /// built-in function library, then exit.
@@ -43,6 +50,21 @@ enum Command {
     Functions {
         #[command(subcommand)]
         command: FunctionsCommand,
+    },
+    /// Manage award definitions.
+    Awards {
+        #[command(subcommand)]
+        command: AwardsCommand,
+    },
+    /// Manage event sources.
+    Sources {
+        #[command(subcommand)]
+        command: SourcesCommand,
+    },
+    /// Development helpers.
+    Dev {
+        #[command(subcommand)]
+        command: DevCommand,
     },
 }
 
@@ -64,18 +86,50 @@ enum FunctionsCommand {
     },
 }
 
+#[derive(Debug, Subcommand)]
+enum AwardsCommand {
+    /// Create or replace the award definitions in FILE (one object or an
+    /// array), all or nothing.
+    Apply { file: PathBuf },
+    /// List award definitions.
+    List,
+}
+
+#[derive(Debug, Subcommand)]
+enum SourcesCommand {
+    /// List sources: topic and state.
+    List,
+    /// Register a source (topic `events.NAME` unless given).
+    Add {
+        name: String,
+        #[arg(long)]
+        topic: Option<String>,
+    },
+    /// Stop consuming a source (every process, within a second).
+    Pause { name: String },
+    /// Consume a paused source again.
+    Resume { name: String },
+}
+
+#[derive(Debug, Subcommand)]
+enum DevCommand {
+    /// Run a Kafka-protocol broker (librdkafka's mock cluster) in this
+    /// process until SIGINT/SIGTERM, and print its bootstrap address.
+    Kafka {
+        /// Also accept bootstrap connections on 127.0.0.1:PORT.
+        #[arg(long)]
+        port: Option<u16>,
+    },
+}
+
 fn parse_kind(kind: &str) -> Result<FunctionKind, String> {
-    FunctionKind::parse(kind)
-        .ok_or_else(|| format!("unknown kind {kind:?} (filter, rule or strategy)"))
+    FunctionKind::parse(kind).ok_or_else(|| format!("unknown kind {kind:?} (filter, rule or strategy)"))
 }
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("error: failed to start the async runtime: {error}");
@@ -94,10 +148,7 @@ pub fn main() -> ExitCode {
 fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("LAUREL_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
@@ -109,51 +160,108 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Up { demo } => up(&settings, demo, shutdown_signal()).await,
-        Command::Functions {
-            command: FunctionsCommand::Push { name, file, kind },
-        } => {
-            let bytes = std::fs::read(&file)
-                .with_context(|| format!("failed to read {}", file.display()))?;
-            let runtime = sandbox(&settings)?;
+        Command::Serve { roles } => serve(&settings, &roles, shutdown_signal()).await,
+        Command::Functions { command } => functions(&settings, command).await,
+        Command::Awards { command } => awards(&settings, command).await,
+        Command::Sources { command } => sources(&settings, command).await,
+        Command::Dev { command: DevCommand::Kafka { port } } => {
+            let broker = LocalBroker::start(port).await?;
+            println!("Kafka broker (librdkafka mock cluster) at {}", broker.bootstrap_servers());
+            println!("LAUREL_KAFKA_BROKERS={}", broker.bootstrap_servers());
+            shutdown_signal().await;
+            drop(broker);
+            Ok(())
+        }
+    }
+}
+
+async fn functions(settings: &Settings, command: FunctionsCommand) -> anyhow::Result<()> {
+    match command {
+        FunctionsCommand::Push { name, file, kind } => {
+            let bytes = std::fs::read(&file).with_context(|| format!("failed to read {}", file.display()))?;
+            let runtime = sandbox(settings)?;
             let mut store = Store::connect(&settings.database_url).await?;
             store.migrate().await?;
             let (kind, outcome) = registry::push(&mut store, &runtime, &name, &bytes, kind).await?;
             match outcome {
                 PushOutcome::Created { version } => println!("pushed {name} v{version} ({kind})"),
-                PushOutcome::Unchanged { version } => {
-                    println!("{name} v{version} ({kind}) already has these bytes")
-                }
+                PushOutcome::Unchanged { version } => println!("{name} v{version} ({kind}) already has these bytes"),
             }
-            Ok(())
         }
-        Command::Functions {
-            command: FunctionsCommand::List { all },
-        } => {
+        FunctionsCommand::List { all } => {
             let mut store = Store::connect(&settings.database_url).await?;
             store.migrate().await?;
-            let rows = if all {
-                store.all_function_versions().await?
-            } else {
-                store.current_functions().await?
-            };
-            println!(
-                "{:<28} {:<9} {:>7} {:>9}  {:<64}  note",
-                "NAME", "KIND", "VERSION", "BYTES", "SHA256"
-            );
+            let rows = if all { store.all_function_versions().await? } else { store.current_functions().await? };
+            println!("{:<28} {:<9} {:>7} {:>9}  {:<64}  note", "NAME", "KIND", "VERSION", "BYTES", "SHA256");
             for row in rows {
                 let note = match (&row.quarantine_reason, row.builtin) {
                     (Some(reason), _) => format!("QUARANTINED: {reason}"),
                     (None, true) => "built-in".to_string(),
                     (None, false) => String::new(),
                 };
-                println!(
-                    "{:<28} {:<9} {:>7} {:>9}  {}  {note}",
-                    row.name, row.kind, row.version, row.size, row.sha256
-                );
+                println!("{:<28} {:<9} {:>7} {:>9}  {}  {note}", row.name, row.kind, row.version, row.size, row.sha256);
             }
-            Ok(())
         }
     }
+    Ok(())
+}
+
+async fn awards(settings: &Settings, command: AwardsCommand) -> anyhow::Result<()> {
+    match command {
+        AwardsCommand::Apply { file } => {
+            let text = std::fs::read_to_string(&file).with_context(|| format!("failed to read {}", file.display()))?;
+            let runtime = sandbox(settings)?;
+            prepare(settings, &runtime).await?;
+            let registry = Registry::start(&settings.database_url, runtime).await?;
+            let mut store = Store::connect(&settings.database_url).await?;
+            let applied = definitions::apply(&mut store, &registry, &text).await?;
+            for (id, version) in applied {
+                println!("applied {id} v{version}");
+            }
+        }
+        AwardsCommand::List => {
+            let mut store = Store::connect(&settings.database_url).await?;
+            store.migrate().await?;
+            println!("{:<28} {:>7} {:<8} {:<10} title", "ID", "VERSION", "ENABLED", "OBJECTIVES");
+            for row in store.awards().await? {
+                let title = row.definition.get("title").and_then(|t| t.as_str()).unwrap_or_default();
+                let objectives = row
+                    .definition
+                    .get("objectives")
+                    .and_then(|o| o.as_array())
+                    .map(|o| o.iter().filter_map(|o| o.get("id").and_then(|i| i.as_str())).collect::<Vec<_>>().join(","))
+                    .unwrap_or_default();
+                println!("{:<28} {:>7} {:<8} {:<10} {title}", row.id, row.version, row.enabled, objectives);
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn sources(settings: &Settings, command: SourcesCommand) -> anyhow::Result<()> {
+    let mut store = Store::connect(&settings.database_url).await?;
+    store.migrate().await?;
+    match command {
+        SourcesCommand::List => {
+            println!("{:<20} {:<28} state", "SOURCE", "TOPIC");
+            for source in store.sources().await? {
+                println!("{:<20} {:<28} {}", source.name, source.topic, if source.paused { "paused" } else { "running" });
+            }
+        }
+        SourcesCommand::Add { name, topic } => {
+            store.add_source(&name, topic.as_deref()).await?;
+            println!("source {name} registered");
+        }
+        SourcesCommand::Pause { name } => {
+            anyhow::ensure!(store.set_source_paused(&name, true).await?, "no source named {name}");
+            println!("source {name} paused");
+        }
+        SourcesCommand::Resume { name } => {
+            anyhow::ensure!(store.set_source_paused(&name, false).await?, "no source named {name}");
+            println!("source {name} resumed");
+        }
+    }
+    Ok(())
 }
 
 fn sandbox(settings: &Settings) -> anyhow::Result<Runtime> {
@@ -171,52 +279,116 @@ async fn prepare(settings: &Settings, runtime: &Runtime) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `laurel up`: the roles that exist so far (the function registry with hot
-/// reload), until `shutdown` resolves.
-pub async fn up(
-    settings: &Settings,
-    demo: bool,
-    shutdown: impl std::future::Future<Output = ()>,
-) -> anyhow::Result<()> {
+/// `laurel up`: every role in one process, until `shutdown` resolves.
+pub async fn up(settings: &Settings, demo: bool, shutdown: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
     let runtime = sandbox(settings)?;
     prepare(settings, &runtime).await?;
     let registry = Registry::start(&settings.database_url, runtime).await?;
-    println!("Laurel is up. Functions loaded:");
-    for function in registry.functions() {
-        let note = function
-            .quarantined()
-            .map(|r| format!("  QUARANTINED: {r}"))
-            .unwrap_or_default();
-        println!(
-            "  {:<28} {:<9} v{:<4} {}{note}",
-            function.name,
-            function.kind,
-            function.version,
-            &function.sha256[..12]
-        );
-    }
-    for (name, version, reason) in registry.unloadable() {
-        println!("  {name:<28} v{version} FAILED TO LOAD: {reason}");
-    }
+    print_functions(&registry);
+    let (brokers, _broker) = match &settings.kafka_brokers {
+        Some(brokers) => (brokers.clone(), None),
+        None => {
+            let broker = LocalBroker::start(None).await?;
+            println!("Kafka broker (in process, librdkafka mock cluster): {}", broker.bootstrap_servers());
+            println!("  produce with e.g.: kcat -P -b {} -t events.photos -k u-42", broker.bootstrap_servers());
+            (broker.bootstrap_servers().to_string(), Some(broker))
+        }
+    };
     if demo {
         demo::run(&registry)?;
+        let mut store = Store::connect(&settings.database_url).await?;
+        let applied = definitions::apply(&mut store, &registry, demo::AWARDS).await?;
+        for (id, version) in applied {
+            println!("Demo award {id} v{version} applied.");
+        }
+        let brokers = brokers.clone();
+        let database_url = settings.database_url.clone();
+        tokio::spawn(async move {
+            if let Err(error) = demo::publish_and_show(&brokers, &database_url).await {
+                warn!(message = "The demo stream failed.", error = %format!("{error:#}"));
+            }
+        });
     }
-    println!(
-        "Watching for new function versions (laurel functions push NAME FILE.wasm); Ctrl-C to stop."
-    );
-    let mut shutdown = std::pin::pin!(shutdown);
+    run_roles(settings, &brokers, &["ingest".to_string()], registry, shutdown).await
+}
+
+/// `laurel serve --roles ...`.
+pub async fn serve(
+    settings: &Settings,
+    roles: &[String],
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
+    const KNOWN: &[&str] = &["ingest", "awards", "notify", "api", "prefilter"];
+    const BUILT: &[&str] = &["ingest"];
+    for role in roles {
+        anyhow::ensure!(KNOWN.contains(&role.as_str()), "unknown role `{role}` (roles: {})", KNOWN.join(", "));
+        anyhow::ensure!(
+            BUILT.contains(&role.as_str()),
+            "role `{role}` is not built yet (this build has: {})",
+            BUILT.join(", ")
+        );
+    }
+    let brokers = settings
+        .kafka_brokers
+        .clone()
+        .context("LAUREL_KAFKA_BROKERS (or --kafka-brokers) must name the brokers for `serve`; `laurel up` runs a local one")?;
+    let runtime = sandbox(settings)?;
+    prepare(settings, &runtime).await?;
+    let registry = Registry::start(&settings.database_url, runtime).await?;
+    run_roles(settings, &brokers, roles, registry, shutdown).await
+}
+
+async fn run_roles(
+    settings: &Settings,
+    brokers: &str,
+    roles: &[String],
+    registry: Arc<Registry>,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let roles: BTreeSet<&str> = roles.iter().map(String::as_str).collect();
+    let catalog = Catalog::start(&settings.database_url).await?;
+    let retention = tokio::spawn(prune_forever(settings.database_url.clone(), settings.log_retention_days));
+    let result = if roles.contains("ingest") {
+        info!(message = "Ingest starting.", brokers = %brokers);
+        ingest::run(settings.ingest(brokers), &settings.database_url, registry, catalog, shutdown).await
+    } else {
+        shutdown.await;
+        Ok(())
+    };
+    retention.abort();
+    info!(message = "Shut down.");
+    result
+}
+
+/// Keeps the processing log and the applied-event ids within their
+/// retention, a bounded batch at a time.
+async fn prune_forever(database_url: String, log_days: i32) {
+    let mut tick = tokio::time::interval(Duration::from_secs(60));
     loop {
-        tokio::select! {
-            _ = &mut shutdown => break,
-            _ = registry.changed() => {
-                for function in registry.functions() {
-                    info!(message = "Function in service.", function = %function.name, version = function.version);
+        tick.tick().await;
+        let Ok(store) = Store::connect(&database_url).await else { continue };
+        loop {
+            match store.prune(log_days, log_days.max(7), 10_000).await {
+                Ok(0) => break,
+                Ok(n) => info!(message = "Pruned old log entries.", rows = n),
+                Err(error) => {
+                    warn!(message = "Pruning failed.", %error);
+                    break;
                 }
             }
         }
     }
-    info!(message = "Shutting down.");
-    Ok(())
+}
+
+fn print_functions(registry: &Registry) {
+    println!("Laurel is up. Functions loaded:");
+    for function in registry.functions() {
+        let note = function.quarantined().map(|r| format!("  QUARANTINED: {r}")).unwrap_or_default();
+        println!("  {:<28} {:<9} v{:<4} {}{note}", function.name, function.kind, function.version, &function.sha256[..12]);
+    }
+    for (name, version, reason) in registry.unloadable() {
+        println!("  {name:<28} v{version} FAILED TO LOAD: {reason}");
+    }
 }
 
 /// Resolves on SIGINT or SIGTERM.
@@ -224,14 +396,13 @@ pub async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(term) => term,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
-                }
-            };
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(term) => term,
+            Err(_) => {
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
         tokio::select! {
             _ = ctrl_c => {}
             _ = term.recv() => {}

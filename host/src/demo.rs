@@ -54,7 +54,15 @@ pub fn run(registry: &Arc<Registry>) -> anyhow::Result<()> {
         } else if !long_enough[i] {
             "excluded by ReviewsLengthFilter".to_string()
         } else {
-            format!("contributes {:?}", contributions[i])
+            match &contributions[i] {
+                Ok(Some(c)) => {
+                    let counters: Vec<String> = c.counters.iter().map(|c| format!("{} = {}", c.name, c.value)).collect();
+                    let key = c.dedup_key.as_deref().map(|k| format!(", one per object {k}")).unwrap_or_default();
+                    format!("counts {}{key}", counters.join(", "))
+                }
+                Ok(None) => "ignored by the rule".to_string(),
+                Err(reason) => format!("unusable: {reason}"),
+            }
         };
         println!(
             "  {} ({} {}): {verdict}",
@@ -88,5 +96,67 @@ pub fn run(registry: &Arc<Registry>) -> anyhow::Result<()> {
         );
     }
     println!();
+    Ok(())
+}
+
+/// The demo awards: the contract's example and the write-up's "3 reviews
+/// or 3 photos".
+pub const AWARDS: &str = include_str!("../demo/awards.json");
+
+const DEMO_USER: &str = "u-42";
+
+fn demo_event(i: usize, source: &str, kind: &str, content: Option<(&str, &str)>, payload: serde_json::Value) -> String {
+    let mut event = serde_json::json!({
+        "id": format!("demo-evt-{i}"),
+        "source": source,
+        "type": kind,
+        "user_id": DEMO_USER,
+        "authorized": true,
+        "occurred_at": format!("2026-12-01T10:{:02}:00Z", i),
+        "payload": payload,
+    });
+    if let Some((content_id, status)) = content {
+        event["content_id"] = content_id.into();
+        event["status"] = status.into();
+    }
+    event.to_string()
+}
+
+/// Publishes a small stream for user u-42 and prints the counters it leads to.
+pub async fn publish_and_show(brokers: &str, database_url: &str) -> anyhow::Result<()> {
+    use serde_json::json;
+    let long = "A long, careful review: the coffee, the service, the prices and the view from the terrace, all of it worth a visit.";
+    let events = [
+        ("photos", demo_event(1, "photos", "photo.status_changed", Some(("photo-1", "moderation")), json!({}))),
+        ("photos", demo_event(2, "photos", "photo.status_changed", Some(("photo-1", "active")), json!({}))),
+        ("photos", demo_event(3, "photos", "photo.status_changed", Some(("photo-2", "active")), json!({}))),
+        ("photos", demo_event(4, "photos", "photo.status_changed", Some(("photo-3", "active")), json!({}))),
+        ("photos", demo_event(5, "photos", "photo.status_changed", Some(("photo-3", "blocked")), json!({}))),
+        ("reviews", demo_event(6, "reviews", "review.created", Some(("review-1", "active")), json!({"object_id": "firm-17", "text": long}))),
+        ("reviews", demo_event(7, "reviews", "review.created", Some(("review-2", "active")), json!({"object_id": "firm-17", "text": long}))),
+        ("reviews", demo_event(8, "reviews", "review.created", Some(("review-3", "active")), json!({"object_id": "firm-18", "text": "Too short."}))),
+        ("bss", demo_event(9, "bss", "navi.trip_finished", None, json!({"distance_m": 5500}))),
+        ("bss", demo_event(10, "bss", "card.opened", None, json!({"card": "firm-17"}))),
+    ];
+    let producer = crate::ingest::producer(brokers)?;
+    for (source, event) in &events {
+        crate::ingest::publish(&producer, &format!("events.{source}"), Some(DEMO_USER.as_bytes()), event.as_bytes(), &[])
+            .await?;
+    }
+    println!("Demo: published {} events for {DEMO_USER} (photos, reviews, bss).", events.len());
+    let store = crate::store::Store::connect(database_url).await?;
+    let mut last = None;
+    for _ in 0..60 {
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        let counters = store.user_counters(DEMO_USER).await?;
+        if last.as_ref() == Some(&counters) && !counters.is_empty() {
+            break;
+        }
+        last = Some(counters);
+    }
+    println!("Demo: {DEMO_USER}'s objective counters:");
+    for ((award, objective), counters) in last.unwrap_or_default() {
+        println!("  {award:<16} {objective:<8} {}", serde_json::to_string(&counters)?);
+    }
     Ok(())
 }

@@ -1,9 +1,12 @@
 //! Laurel: an achievements engine whose award logic ships as sandboxed
 //! WebAssembly. See ARCHITECTURE.md for the map.
 
+pub mod catalog;
 pub mod cli;
 pub mod demo;
+pub mod definitions;
 pub mod event;
+pub mod ingest;
 pub mod library;
 pub mod registry;
 pub mod runtime;

@@ -396,6 +396,11 @@ impl<I: BoundInstance> Binding<I> {
         &self.name
     }
 
+    /// The version the binding is on now (without moving to a newer one).
+    pub fn current_function(&self) -> &Arc<Function> {
+        self.instance.function()
+    }
+
     /// The instance of the current version: a version pushed since the last
     /// call takes over here. If the new version rejects this config, the
     /// binding stays on the version it has (and says so in the log).

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::Args;
 
+use crate::ingest::IngestSettings;
 use crate::runtime::Limits;
 
 #[derive(Debug, Clone, Args)]
@@ -50,6 +51,30 @@ pub struct Settings {
     )]
     pub function_max_mib: usize,
 
+    /// Kafka bootstrap servers; unset: `laurel up` starts a broker in process.
+    #[arg(long, global = true, env = "LAUREL_KAFKA_BROKERS")]
+    pub kafka_brokers: Option<String>,
+
+    /// Events per batch (one database transaction).
+    #[arg(long, global = true, env = "LAUREL_BATCH_SIZE", default_value_t = 500)]
+    pub batch_size: usize,
+
+    /// Longest wait to fill a batch, in milliseconds.
+    #[arg(long, global = true, env = "LAUREL_BATCH_WAIT_MS", default_value_t = 50)]
+    pub batch_wait_ms: u64,
+
+    /// Larger Kafka messages are dead-lettered, in bytes.
+    #[arg(long, global = true, env = "LAUREL_MAX_EVENT_BYTES", default_value_t = 1 << 20)]
+    pub max_event_bytes: usize,
+
+    /// Kafka consumer session timeout, in milliseconds.
+    #[arg(long, global = true, env = "LAUREL_KAFKA_SESSION_TIMEOUT_MS", default_value_t = 10_000)]
+    pub kafka_session_timeout_ms: u64,
+
+    /// Processing-log entries are kept this many days.
+    #[arg(long, global = true, env = "LAUREL_LOG_RETENTION_DAYS", default_value_t = 30)]
+    pub log_retention_days: i32,
+
     /// Consecutive failures after which a function version is quarantined.
     #[arg(
         long,
@@ -68,6 +93,17 @@ impl Settings {
             component_bytes: self.function_max_mib << 20,
             quarantine_after: self.function_quarantine_after.max(1),
             ..Limits::default()
+        }
+    }
+
+    /// Ingest settings for the given brokers.
+    pub fn ingest(&self, brokers: &str) -> IngestSettings {
+        IngestSettings {
+            batch_size: self.batch_size.max(1),
+            batch_wait: Duration::from_millis(self.batch_wait_ms),
+            max_event_bytes: self.max_event_bytes,
+            session_timeout: Duration::from_millis(self.kafka_session_timeout_ms),
+            ..IngestSettings::new(brokers)
         }
     }
 

@@ -3,9 +3,13 @@
 //! **Architecture Invariant:** only this module imports `tokio_postgres`.
 //! Other modules get typed rows and typed errors.
 
+mod awards;
+mod counters;
 mod functions;
 mod migrations;
 
+pub use awards::{AWARDS_CHANNEL, AwardRow, SOURCES_CHANNEL, SourceRow};
+pub use counters::{Applied, Counters, Effect, LogEntry, Outcome};
 pub use functions::{FunctionRow, FunctionVersion, PushOutcome};
 pub use migrations::MIGRATIONS;
 

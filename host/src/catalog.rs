@@ -1,0 +1,75 @@
+//! The award catalog: the enabled award definitions, kept current in every
+//! running process (NOTIFY on `laurel_awards`, plus a periodic re-read).
+//! Consumers compare [`Catalog::generation`] per batch and rebuild their
+//! plans when it moves, so a change takes effect without a restart.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use tracing::{info, warn};
+
+use crate::definitions::AwardDefinition;
+use crate::store::{self, Store, StoreError};
+
+const RESYNC_EVERY: Duration = Duration::from_secs(30);
+
+pub struct Catalog {
+    awards: RwLock<Arc<Vec<AwardDefinition>>>,
+    generation: AtomicU64,
+}
+
+impl Catalog {
+    pub async fn start(database_url: &str) -> Result<Arc<Catalog>, StoreError> {
+        let mut notifications = store::listen(database_url, &[store::AWARDS_CHANNEL]).await?;
+        let store = Store::connect(database_url).await?;
+        let catalog = Arc::new(Catalog { awards: RwLock::new(Arc::new(Vec::new())), generation: AtomicU64::new(0) });
+        catalog.reload(&store).await?;
+        let weak = Arc::downgrade(&catalog);
+        tokio::spawn(async move {
+            let mut resync = tokio::time::interval(RESYNC_EVERY);
+            resync.tick().await;
+            loop {
+                tokio::select! {
+                    notification = notifications.recv() => if notification.is_none() { return },
+                    _ = resync.tick() => {}
+                }
+                while notifications.try_recv().is_ok() {}
+                let Some(catalog) = weak.upgrade() else { return };
+                if let Err(error) = catalog.reload(&store).await {
+                    warn!(message = "Failed to reload award definitions.", %error);
+                }
+            }
+        });
+        Ok(catalog)
+    }
+
+    async fn reload(&self, store: &Store) -> Result<(), StoreError> {
+        let rows = store.awards().await?;
+        let mut awards = Vec::new();
+        for row in rows.into_iter().filter(|r| r.enabled) {
+            match serde_json::from_value::<AwardDefinition>(row.definition) {
+                Ok(award) => awards.push(award),
+                Err(error) => warn!(message = "Ignoring an unreadable award definition.", award = %row.id, %error),
+            }
+        }
+        let changed = {
+            let current = self.awards.read().unwrap_or_else(|p| p.into_inner());
+            **current != awards
+        };
+        if changed {
+            info!(message = "Award definitions loaded.", awards = awards.len());
+            *self.awards.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(awards);
+            self.generation.fetch_add(1, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    pub fn awards(&self) -> Arc<Vec<AwardDefinition>> {
+        self.awards.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+}

@@ -1,0 +1,278 @@
+//! Award definitions: the contract's JSON, checked against the registry.
+//!
+//! A definition is accepted only if every filter, rule and strategy name
+//! resolves to a registered function of the right kind that accepts its
+//! config, and the strategy refers to exactly the award's objectives.
+//! Applying a file is all or nothing.
+
+use std::collections::{BTreeSet, HashSet};
+use std::fmt;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::registry::Registry;
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AwardDefinition {
+    pub id: String,
+    pub title: String,
+    #[serde(default)]
+    pub description: String,
+    #[serde(default)]
+    pub revocation: Revocation,
+    #[serde(default = "enabled")]
+    pub enabled: bool,
+    pub objectives: Vec<ObjectiveDefinition>,
+    pub strategy: Value,
+    #[serde(default = "tree_strategy")]
+    pub strategy_function: String,
+}
+
+fn enabled() -> bool {
+    true
+}
+
+fn tree_strategy() -> String {
+    "TreeStrategy".to_string()
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Revocation {
+    /// Progress below the goal un-completes the award.
+    #[default]
+    Live,
+    /// Once complete, always complete.
+    Sticky,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ObjectiveDefinition {
+    pub id: String,
+    #[serde(default)]
+    pub filters: Vec<FunctionRef>,
+    pub rule: FunctionRef,
+    pub progress_counter: String,
+}
+
+/// A function by name, with its config.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FunctionRef {
+    pub name: String,
+    #[serde(default = "empty_object")]
+    pub config: Value,
+}
+
+fn empty_object() -> Value {
+    Value::Object(Default::default())
+}
+
+impl FunctionRef {
+    /// The config as the function receives it.
+    pub fn config_text(&self) -> String {
+        self.config.to_string()
+    }
+}
+
+/// One problem with a definition, naming where it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DefinitionError {
+    pub award: String,
+    pub objective: Option<String>,
+    pub function: Option<String>,
+    pub reason: String,
+}
+
+impl fmt::Display for DefinitionError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "award {}", self.award)?;
+        if let Some(objective) = &self.objective {
+            write!(f, ", objective {objective}")?;
+        }
+        if let Some(function) = &self.function {
+            write!(f, ", function {function}")?;
+        }
+        write!(f, ": {}", self.reason)
+    }
+}
+
+/// All problems found in a set of definitions.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+pub struct InvalidDefinitions(pub Vec<DefinitionError>);
+
+/// Parses one definition or an array of them.
+pub fn parse(text: &str) -> Result<Vec<AwardDefinition>, InvalidDefinitions> {
+    let value: Value = serde_json::from_str(text).map_err(|e| invalid("?", format!("not valid JSON: {e}")))?;
+    let items = match value {
+        Value::Array(items) => items,
+        single => vec![single],
+    };
+    items
+        .into_iter()
+        .enumerate()
+        .map(|(i, item)| {
+            let name = item.get("id").and_then(Value::as_str).map_or_else(|| format!("#{}", i + 1), str::to_string);
+            serde_json::from_value(item).map_err(|e| invalid(&name, format!("invalid definition: {e}")))
+        })
+        .collect()
+}
+
+fn invalid(award: &str, reason: String) -> InvalidDefinitions {
+    InvalidDefinitions(vec![DefinitionError { award: award.to_string(), objective: None, function: None, reason }])
+}
+
+fn valid_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 128
+        && id.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && id.chars().all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c))
+}
+
+/// Checks definitions against the registry: every function resolves, is of
+/// the right kind, and accepts its config (creating an instance of it is the
+/// check). Returns every problem found.
+pub fn validate(definitions: &[AwardDefinition], registry: &Arc<Registry>) -> Result<(), InvalidDefinitions> {
+    let mut errors = Vec::new();
+    let mut seen_awards = HashSet::new();
+    for award in definitions {
+        let at = |objective: Option<&str>, function: Option<&str>, reason: String| DefinitionError {
+            award: award.id.clone(),
+            objective: objective.map(str::to_string),
+            function: function.map(str::to_string),
+            reason,
+        };
+        if !valid_id(&award.id) {
+            errors.push(at(None, None, "the id must be 1-128 characters of A-Z a-z 0-9 _ . - starting with a letter or digit".into()));
+        }
+        if !seen_awards.insert(award.id.as_str()) {
+            errors.push(at(None, None, "defined twice in the same file".into()));
+        }
+        if award.title.trim().is_empty() {
+            errors.push(at(None, None, "the title is empty".into()));
+        }
+        if award.objectives.is_empty() {
+            errors.push(at(None, None, "it has no objectives".into()));
+        }
+        let mut objective_ids = BTreeSet::new();
+        for objective in &award.objectives {
+            let id = objective.id.as_str();
+            if !valid_id(id) {
+                errors.push(at(Some(id), None, "the objective id must be 1-128 characters of A-Z a-z 0-9 _ . -".into()));
+            }
+            if !objective_ids.insert(id) {
+                errors.push(at(Some(id), None, "the objective is defined twice".into()));
+            }
+            if objective.progress_counter.is_empty() {
+                errors.push(at(Some(id), None, "progress_counter is empty".into()));
+            }
+            for filter in &objective.filters {
+                if let Err(error) = registry.bind_filter(&filter.name, &filter.config_text()) {
+                    errors.push(at(Some(id), Some(&filter.name), error.to_string()));
+                }
+            }
+            if let Err(error) = registry.bind_rule(&objective.rule.name, &objective.rule.config_text()) {
+                errors.push(at(Some(id), Some(&objective.rule.name), error.to_string()));
+            }
+        }
+        match registry.bind_strategy(&award.strategy_function, &award.strategy.to_string()) {
+            Ok(mut strategy) => {
+                let used: BTreeSet<&str> = strategy.instance().objectives().iter().map(String::as_str).collect();
+                for missing in used.difference(&objective_ids) {
+                    errors.push(at(
+                        None,
+                        Some(&award.strategy_function),
+                        format!("the strategy refers to objective `{missing}`, which the award does not define"),
+                    ));
+                }
+                for unused in objective_ids.difference(&used) {
+                    errors.push(at(
+                        Some(unused),
+                        Some(&award.strategy_function),
+                        "the strategy does not use this objective".to_string(),
+                    ));
+                }
+            }
+            Err(error) => errors.push(at(None, Some(&award.strategy_function), error.to_string())),
+        }
+    }
+    if errors.is_empty() { Ok(()) } else { Err(InvalidDefinitions(errors)) }
+}
+
+impl AwardDefinition {
+    /// The sources its objectives can match; `None` if some objective can
+    /// match any source.
+    pub fn objective_sources(&self, registry: &Arc<Registry>) -> Vec<Option<Vec<String>>> {
+        self.objectives
+            .iter()
+            .map(|objective| objective_sources(objective, registry))
+            .collect()
+    }
+}
+
+/// The sources an objective's filter chain can match (the intersection of
+/// its filters' answers), or `None` when it can match any.
+pub fn objective_sources(objective: &ObjectiveDefinition, registry: &Arc<Registry>) -> Option<Vec<String>> {
+    let mut sources: Option<BTreeSet<String>> = None;
+    for filter in &objective.filters {
+        let Ok(mut binding) = registry.bind_filter(&filter.name, &filter.config_text()) else { continue };
+        if let Some(these) = binding.instance().sources() {
+            let these: BTreeSet<String> = these.iter().cloned().collect();
+            sources = Some(match sources {
+                Some(previous) => previous.intersection(&these).cloned().collect(),
+                None => these,
+            });
+        }
+    }
+    sources.map(|s| s.into_iter().collect())
+}
+
+/// Why applying definitions failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    #[error(transparent)]
+    Invalid(#[from] InvalidDefinitions),
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+}
+
+/// Parses, checks and stores definitions, all or nothing; registers the
+/// sources they name. Returns each award's new version.
+pub async fn apply(
+    store: &mut crate::store::Store,
+    registry: &Arc<Registry>,
+    text: &str,
+) -> Result<Vec<(String, i32)>, ApplyError> {
+    let definitions = parse(text)?;
+    let checked = {
+        let registry = registry.clone();
+        let definitions = definitions.clone();
+        // Checking instantiates components: CPU work, off the async workers.
+        tokio::task::spawn_blocking(move || {
+            validate(&definitions, &registry)?;
+            let mut sources = BTreeSet::new();
+            for award in &definitions {
+                for objective_sources in award.objective_sources(&registry).into_iter().flatten() {
+                    sources.extend(objective_sources);
+                }
+            }
+            Ok::<_, InvalidDefinitions>(sources)
+        })
+        .await
+    };
+    let sources = match checked {
+        Ok(result) => result?,
+        Err(join) => return Err(invalid("?", format!("checking the definitions failed: {join}")).into()),
+    };
+    let rows: Vec<(String, Value, bool)> = definitions
+        .iter()
+        .map(|d| (d.id.clone(), serde_json::to_value(d).expect("a definition serializes"), d.enabled))
+        .collect();
+    let sources: Vec<String> = sources.into_iter().collect();
+    Ok(store.apply_awards(&rows, &sources).await?)
+}

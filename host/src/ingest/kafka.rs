@@ -1,0 +1,112 @@
+//! Kafka clients and the local broker (librdkafka's mock cluster, which
+//! speaks the real protocol over TCP).
+
+use std::time::Duration;
+
+use rdkafka::ClientConfig;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::mocking::MockCluster;
+use rdkafka::producer::{DefaultProducerContext, FutureProducer, FutureRecord};
+use tokio::net::{TcpListener, TcpStream};
+use tracing::{debug, warn};
+
+/// A Kafka-protocol broker in this process, for local use and tests.
+pub struct LocalBroker {
+    cluster: MockCluster<'static, DefaultProducerContext>,
+    bootstrap: String,
+}
+
+impl LocalBroker {
+    /// Starts a one-broker cluster on an ephemeral loopback port. With
+    /// `port`, also accepts bootstrap connections on 127.0.0.1:`port`.
+    pub async fn start(port: Option<u16>) -> anyhow::Result<LocalBroker> {
+        let cluster = MockCluster::new(1).map_err(|e| anyhow::anyhow!("failed to start the local Kafka broker: {e}"))?;
+        let mut bootstrap = cluster.bootstrap_servers();
+        if let Some(port) = port {
+            let listener = TcpListener::bind(("127.0.0.1", port))
+                .await
+                .map_err(|e| anyhow::anyhow!("failed to listen on 127.0.0.1:{port}: {e}"))?;
+            tokio::spawn(forward(listener, bootstrap.clone()));
+            bootstrap = format!("127.0.0.1:{port}");
+        }
+        Ok(LocalBroker { cluster, bootstrap })
+    }
+
+    pub fn bootstrap_servers(&self) -> &str {
+        &self.bootstrap
+    }
+
+    /// Creates a topic with `partitions` partitions (the mock broker also
+    /// creates topics on first use, with 4).
+    pub fn create_topic(&self, topic: &str, partitions: i32) -> anyhow::Result<()> {
+        self.cluster
+            .create_topic(topic, partitions, 1)
+            .map_err(|e| anyhow::anyhow!("failed to create topic {topic}: {e}"))
+    }
+}
+
+/// Bootstrap connections on a fixed port go to the broker; the metadata the
+/// broker returns names its own address, where clients then connect.
+async fn forward(listener: TcpListener, target: String) {
+    loop {
+        let Ok((mut inbound, _)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let target = target.clone();
+        tokio::spawn(async move {
+            match TcpStream::connect(&target).await {
+                Ok(mut outbound) => {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                }
+                Err(error) => warn!(message = "Broker forward failed.", %error, %target),
+            }
+        });
+    }
+}
+
+/// Settings common to every client.
+pub fn client_config(brokers: &str) -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", brokers)
+        .set("client.id", format!("laurel-{}", std::process::id()))
+        .set("log_level", "4");
+    config
+}
+
+/// A producer that waits for every acknowledgement.
+pub fn producer(brokers: &str) -> anyhow::Result<FutureProducer> {
+    client_config(brokers)
+        .set("acks", "all")
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "5")
+        .set("message.timeout.ms", "30000")
+        .create()
+        .map_err(|e| anyhow::anyhow!("failed to create a Kafka producer for {brokers}: {e}"))
+}
+
+/// Publishes one message and waits for the broker to acknowledge it.
+pub async fn publish(
+    producer: &FutureProducer,
+    topic: &str,
+    key: Option<&[u8]>,
+    payload: &[u8],
+    headers: &[(&str, &str)],
+) -> anyhow::Result<()> {
+    let mut owned = OwnedHeaders::new();
+    for (name, value) in headers {
+        owned = owned.insert(Header { key: name, value: Some(*value) });
+    }
+    let mut record = FutureRecord::to(topic).payload(payload).headers(owned);
+    if let Some(key) = key {
+        record = record.key(key);
+    }
+    match producer.send(record, Duration::from_secs(30)).await {
+        Ok(delivery) => {
+            debug!(message = "Published.", topic, partition = delivery.partition, offset = delivery.offset);
+            Ok(())
+        }
+        Err((error, _)) => Err(anyhow::anyhow!("failed to publish to {topic}: {error}")),
+    }
+}

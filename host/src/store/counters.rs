@@ -1,0 +1,558 @@
+//! Applying a batch of rule outcomes to per-user objective counters, in one
+//! transaction, exactly once.
+//!
+//! Content items contribute *absolute* counters for their current status;
+//! the difference against what the item (or its de-duplication group)
+//! contributed before is what moves the objective's counters, so status
+//! changes move progress down as well as up, and re-delivered events change
+//! nothing. Additive (analytics) events add once, by event id. The
+//! transaction takes an advisory lock per user (in a fixed order), so two
+//! processes that briefly handle the same user (a rebalance) apply one after
+//! the other, never from the same stale state.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+
+use chrono::{DateTime, Utc};
+use serde_json::{Value, json};
+
+use super::{QueryContext, Store, StoreError};
+
+pub type Counters = BTreeMap<String, i64>;
+
+/// What an event means for one objective, as decided by its filters and rule.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Effect {
+    /// The content item now contributes these counters (possibly none).
+    Contribution { counters: Counters, dedup_key: Option<String> },
+    /// Add these counters once (an analytics event).
+    Additive { counters: Counters },
+    /// The content item no longer passes the objective's filters: it
+    /// contributes nothing now.
+    Excluded,
+}
+
+/// One event's effect on one objective.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub event_id: String,
+    pub user_id: String,
+    pub award_id: String,
+    pub objective_id: String,
+    pub content_id: Option<String>,
+    pub occurred_at: DateTime<Utc>,
+    pub effect: Effect,
+    /// The function versions that decided it, e.g. `{"SourceFilter": 1}`.
+    pub functions: Value,
+}
+
+/// A processing-log entry decided before the database (skips, rejections).
+#[derive(Debug, Clone)]
+pub struct LogEntry {
+    pub event_id: Option<String>,
+    pub user_id: Option<String>,
+    pub award_id: Option<String>,
+    pub objective_id: Option<String>,
+    pub outcome: &'static str,
+    pub reason: String,
+    pub functions: Option<Value>,
+}
+
+/// What a batch changed.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Applied {
+    /// Outcomes that changed counters.
+    pub changed: usize,
+    /// Outcomes that changed nothing (duplicates, stale, no difference).
+    pub unchanged: usize,
+    /// user_objective rows written.
+    pub objectives: usize,
+}
+
+type ContentKey = (String, String, String, String); // user, award, objective, content
+type GroupKey = (String, String, String, String); // user, award, objective, dedup key
+type ObjectiveKey = (String, String, String); // user, award, objective
+
+#[derive(Debug, Clone)]
+struct Stored {
+    counters: Counters,
+    dedup_key: Option<String>,
+    occurred_at: DateTime<Utc>,
+    event_id: String,
+}
+
+/// A unit of an objective's total: an item on its own, or a group of items
+/// sharing a de-duplication key (the group counts each counter's maximum).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Unit {
+    Item(String),
+    Group(String),
+}
+
+fn add(into: &mut Counters, from: &Counters, sign: i64) {
+    for (name, value) in from {
+        *into.entry(name.clone()).or_insert(0) += sign * value;
+    }
+}
+
+fn nonzero(counters: Counters) -> Counters {
+    counters.into_iter().filter(|(_, v)| *v != 0).collect()
+}
+
+fn counters_json(counters: &Counters) -> Value {
+    json!(counters)
+}
+
+fn counters_from(value: &Value) -> Counters {
+    value
+        .as_object()
+        .map(|map| map.iter().filter_map(|(k, v)| v.as_i64().map(|v| (k.clone(), v))).collect())
+        .unwrap_or_default()
+}
+
+/// The in-memory view of the contributions a batch touches.
+#[derive(Default)]
+struct Contributions {
+    items: HashMap<ContentKey, Stored>,
+    /// Members of each group touched (content ids).
+    groups: HashMap<GroupKey, BTreeSet<String>>,
+    /// Rows to write back.
+    dirty: BTreeSet<ContentKey>,
+}
+
+impl Contributions {
+    fn unit_value(&self, objective: &ObjectiveKey, unit: &Unit) -> Counters {
+        let (user, award, obj) = objective;
+        match unit {
+            Unit::Item(content) => {
+                let key = (user.clone(), award.clone(), obj.clone(), content.clone());
+                self.items.get(&key).map(|s| s.counters.clone()).unwrap_or_default()
+            }
+            Unit::Group(dedup) => {
+                let key = (user.clone(), award.clone(), obj.clone(), dedup.clone());
+                let mut max = Counters::new();
+                for content in self.groups.get(&key).into_iter().flatten() {
+                    let item = (user.clone(), award.clone(), obj.clone(), content.clone());
+                    if let Some(stored) = self.items.get(&item) {
+                        for (name, value) in &stored.counters {
+                            let entry = max.entry(name.clone()).or_insert(*value);
+                            *entry = (*entry).max(*value);
+                        }
+                    }
+                }
+                max
+            }
+        }
+    }
+
+    fn unit_of(content: &str, dedup_key: &Option<String>) -> Unit {
+        match dedup_key {
+            Some(key) => Unit::Group(key.clone()),
+            None => Unit::Item(content.to_string()),
+        }
+    }
+
+    /// Replaces an item's contribution; returns the change of the
+    /// objective's counters.
+    fn replace(&mut self, key: &ContentKey, next: Stored) -> Counters {
+        let objective = (key.0.clone(), key.1.clone(), key.2.clone());
+        let content = key.3.as_str();
+        let previous_unit = self.items.get(key).map(|s| Self::unit_of(content, &s.dedup_key));
+        let next_unit = Self::unit_of(content, &next.dedup_key);
+        let units: BTreeSet<Unit> = previous_unit.iter().cloned().chain([next_unit]).collect();
+        let mut delta = Counters::new();
+        for unit in &units {
+            add(&mut delta, &self.unit_value(&objective, unit), -1);
+        }
+        if let Some(previous) = self.items.get(key)
+            && let Some(old_key) = &previous.dedup_key
+        {
+            let group = (key.0.clone(), key.1.clone(), key.2.clone(), old_key.clone());
+            if let Some(members) = self.groups.get_mut(&group) {
+                members.remove(content);
+            }
+        }
+        if let Some(new_key) = &next.dedup_key {
+            let group = (key.0.clone(), key.1.clone(), key.2.clone(), new_key.clone());
+            self.groups.entry(group).or_default().insert(content.to_string());
+        }
+        self.items.insert(key.clone(), next);
+        self.dirty.insert(key.clone());
+        for unit in &units {
+            add(&mut delta, &self.unit_value(&objective, unit), 1);
+        }
+        nonzero(delta)
+    }
+}
+
+impl Store {
+    /// Applies a batch (outcomes in stream order) and its log entries in one
+    /// transaction. `source` scopes the additive events' ids.
+    pub async fn apply_batch(
+        &mut self,
+        source: &str,
+        outcomes: &[Outcome],
+        log: &[LogEntry],
+    ) -> Result<Applied, StoreError> {
+        let tx = self.client_mut().transaction().await.context("starting a batch")?;
+
+        // Per-user locks, in one order: a user's batches apply one at a time.
+        let users: BTreeSet<&str> = outcomes.iter().map(|o| o.user_id.as_str()).collect();
+        let users: Vec<&str> = users.into_iter().collect();
+        if !users.is_empty() {
+            tx.execute(
+                "SELECT pg_advisory_xact_lock(k) FROM (SELECT DISTINCT hashtextextended(u, 7) AS k FROM unnest($1::text[]) u ORDER BY 1) locks",
+                &[&users],
+            )
+            .await
+            .context("locking users")?;
+        }
+
+        // The contributions of the items this batch touches ...
+        let mut view = Contributions::default();
+        let content_keys: BTreeSet<ContentKey> = outcomes
+            .iter()
+            .filter_map(|o| {
+                o.content_id.as_ref().map(|c| (o.user_id.clone(), o.award_id.clone(), o.objective_id.clone(), c.clone()))
+            })
+            .collect();
+        let (cu, ca, co, cc) = columns(&content_keys);
+        let rows = tx
+            .query(
+                "SELECT c.user_id, c.award_id, c.objective_id, c.content_id, c.counters, c.dedup_key, c.occurred_at, c.event_id
+                 FROM contributions c
+                 JOIN unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS k(u, a, o, c)
+                   ON c.user_id = k.u AND c.award_id = k.a AND c.objective_id = k.o AND c.content_id = k.c",
+                &[&cu, &ca, &co, &cc],
+            )
+            .await
+            .context("reading contributions")?;
+        let mut group_keys: BTreeSet<GroupKey> = BTreeSet::new();
+        for row in &rows {
+            let key: ContentKey = (row.get(0), row.get(1), row.get(2), row.get(3));
+            let dedup_key: Option<String> = row.get(5);
+            if let Some(dedup) = &dedup_key {
+                group_keys.insert((key.0.clone(), key.1.clone(), key.2.clone(), dedup.clone()));
+            }
+            let counters: Value = row.get(4);
+            view.items.insert(
+                key,
+                Stored { counters: counters_from(&counters), dedup_key, occurred_at: row.get(6), event_id: row.get(7) },
+            );
+        }
+        // ... and every member of the de-duplication groups involved.
+        for o in outcomes {
+            if let Effect::Contribution { dedup_key: Some(dedup), .. } = &o.effect {
+                group_keys.insert((o.user_id.clone(), o.award_id.clone(), o.objective_id.clone(), dedup.clone()));
+            }
+        }
+        let (gu, ga, go, gk) = columns(&group_keys);
+        let rows = tx
+            .query(
+                "SELECT c.user_id, c.award_id, c.objective_id, c.content_id, c.counters, c.dedup_key, c.occurred_at, c.event_id
+                 FROM contributions c
+                 JOIN unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS k(u, a, o, d)
+                   ON c.user_id = k.u AND c.award_id = k.a AND c.objective_id = k.o AND c.dedup_key = k.d",
+                &[&gu, &ga, &go, &gk],
+            )
+            .await
+            .context("reading de-duplication groups")?;
+        for row in &rows {
+            let key: ContentKey = (row.get(0), row.get(1), row.get(2), row.get(3));
+            let dedup: String = row.get(5);
+            view.groups.entry((key.0.clone(), key.1.clone(), key.2.clone(), dedup.clone())).or_default().insert(key.3.clone());
+            let counters: Value = row.get(4);
+            view.items.entry(key).or_insert(Stored {
+                counters: counters_from(&counters),
+                dedup_key: Some(dedup),
+                occurred_at: row.get(6),
+                event_id: row.get(7),
+            });
+        }
+
+        // Additive events already applied (re-delivery adds nothing).
+        let additive_ids: Vec<&str> = outcomes
+            .iter()
+            .filter(|o| matches!(o.effect, Effect::Additive { .. }))
+            .map(|o| o.event_id.as_str())
+            .collect();
+        let seen_additive: HashSet<String> = tx
+            .query(
+                "SELECT event_id FROM applied_events WHERE source = $1 AND event_id = ANY($2)",
+                &[&source, &additive_ids],
+            )
+            .await
+            .context("reading applied events")?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        let mut newly_applied: Vec<String> = Vec::new();
+        let mut added_here: HashSet<(&str, &str, &str)> = HashSet::new();
+
+        // Events in stream order.
+        let mut deltas: BTreeMap<ObjectiveKey, Counters> = BTreeMap::new();
+        let mut entries: Vec<LogRow> = Vec::new();
+        let mut applied = Applied::default();
+        for o in outcomes {
+            let objective: ObjectiveKey = (o.user_id.clone(), o.award_id.clone(), o.objective_id.clone());
+            let delta = match (&o.effect, &o.content_id) {
+                (Effect::Additive { counters }, _) => {
+                    // One event adds to every objective it reaches: the id is
+                    // marked once the whole batch is through.
+                    if seen_additive.contains(&o.event_id)
+                        || !added_here.insert((&o.event_id, &o.award_id, &o.objective_id))
+                    {
+                        entries.push(LogRow::skip(o, "event already applied"));
+                        applied.unchanged += 1;
+                        continue;
+                    }
+                    if !newly_applied.contains(&o.event_id) {
+                        newly_applied.push(o.event_id.clone());
+                    }
+                    nonzero(counters.clone())
+                }
+                (effect, Some(content)) => {
+                    let key = (o.user_id.clone(), o.award_id.clone(), o.objective_id.clone(), content.clone());
+                    if let Some(stored) = view.items.get(&key) {
+                        if o.occurred_at < stored.occurred_at {
+                            entries.push(LogRow::skip(o, "older than the last applied event for this content item"));
+                            applied.unchanged += 1;
+                            continue;
+                        }
+                        if o.occurred_at == stored.occurred_at && o.event_id == stored.event_id {
+                            applied.unchanged += 1;
+                            continue;
+                        }
+                    }
+                    let (counters, dedup_key) = match effect {
+                        Effect::Contribution { counters, dedup_key } => (nonzero(counters.clone()), dedup_key.clone()),
+                        _ => (Counters::new(), None),
+                    };
+                    view.replace(
+                        &key,
+                        Stored { counters, dedup_key, occurred_at: o.occurred_at, event_id: o.event_id.clone() },
+                    )
+                }
+                (Effect::Contribution { .. } | Effect::Excluded, None) => {
+                    // Ingest never builds these: a contribution needs an item.
+                    entries.push(LogRow::reject(o, "a content contribution without a content_id"));
+                    continue;
+                }
+            };
+            if delta.is_empty() {
+                applied.unchanged += 1;
+                continue;
+            }
+            applied.changed += 1;
+            entries.push(LogRow::applied(o, &delta));
+            add(deltas.entry(objective).or_default(), &delta, 1);
+        }
+
+        // Write back: contributions, counters (new versions), applied ids, log.
+        let dirty: Vec<(&ContentKey, &Stored)> = view.dirty.iter().map(|k| (k, &view.items[k])).collect();
+        if !dirty.is_empty() {
+            let (u, a, o, c): (Vec<&str>, Vec<&str>, Vec<&str>, Vec<&str>) = unzip4(dirty.iter().map(|(k, _)| {
+                (k.0.as_str(), k.1.as_str(), k.2.as_str(), k.3.as_str())
+            }));
+            let counters: Vec<Value> = dirty.iter().map(|(_, s)| counters_json(&s.counters)).collect();
+            let dedup: Vec<Option<&str>> = dirty.iter().map(|(_, s)| s.dedup_key.as_deref()).collect();
+            let occurred: Vec<DateTime<Utc>> = dirty.iter().map(|(_, s)| s.occurred_at).collect();
+            let event: Vec<&str> = dirty.iter().map(|(_, s)| s.event_id.as_str()).collect();
+            tx.execute(
+                "INSERT INTO contributions (user_id, award_id, objective_id, content_id, counters, dedup_key, occurred_at, event_id)
+                 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::jsonb[], $6::text[], $7::timestamptz[], $8::text[])
+                 ON CONFLICT (user_id, award_id, objective_id, content_id) DO UPDATE SET
+                     counters = EXCLUDED.counters, dedup_key = EXCLUDED.dedup_key,
+                     occurred_at = EXCLUDED.occurred_at, event_id = EXCLUDED.event_id",
+                &[&u, &a, &o, &c, &counters, &dedup, &occurred, &event],
+            )
+            .await
+            .context("writing contributions")?;
+        }
+        let deltas: Vec<(&ObjectiveKey, Counters)> =
+            deltas.iter().map(|(k, d)| (k, nonzero(d.clone()))).filter(|(_, d)| !d.is_empty()).collect();
+        if !deltas.is_empty() {
+            let (u, a, o): (Vec<&str>, Vec<&str>, Vec<&str>) =
+                deltas.iter().map(|(k, _)| (k.0.as_str(), k.1.as_str(), k.2.as_str())).fold(
+                    (vec![], vec![], vec![]),
+                    |(mut u, mut a, mut o), (x, y, z)| {
+                        u.push(x);
+                        a.push(y);
+                        o.push(z);
+                        (u, a, o)
+                    },
+                );
+            let d: Vec<Value> = deltas.iter().map(|(_, d)| counters_json(d)).collect();
+            tx.execute(
+                "INSERT INTO user_objective (user_id, award_id, objective_id, counters, version)
+                 SELECT u, a, o, laurel_add_counters('{}', d), nextval('laurel_version')
+                 FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[]) AS k(u, a, o, d)
+                 ON CONFLICT (user_id, award_id, objective_id) DO UPDATE SET
+                     counters = laurel_add_counters(user_objective.counters, EXCLUDED.counters),
+                     version = EXCLUDED.version, updated_at = now()",
+                &[&u, &a, &o, &d],
+            )
+            .await
+            .context("updating objective counters")?;
+            applied.objectives = deltas.len();
+        }
+        if !newly_applied.is_empty() {
+            tx.execute(
+                "INSERT INTO applied_events (source, event_id) SELECT $1, unnest($2::text[]) ON CONFLICT DO NOTHING",
+                &[&source, &newly_applied],
+            )
+            .await
+            .context("recording applied events")?;
+        }
+        entries.extend(log.iter().map(LogRow::from_entry));
+        write_log(&tx, source, &entries).await?;
+        tx.commit().await.context("committing a batch")?;
+        Ok(applied)
+    }
+
+    /// Log entries on their own (a batch in which nothing reached the
+    /// counters).
+    pub async fn write_log(&mut self, source: &str, log: &[LogEntry]) -> Result<(), StoreError> {
+        let entries: Vec<LogRow> = log.iter().map(LogRow::from_entry).collect();
+        let tx = self.client_mut().transaction().await.context("starting a log write")?;
+        write_log(&tx, source, &entries).await?;
+        tx.commit().await.context("committing a log write")
+    }
+
+    /// Which of `user_ids` are banned or deleted, with their state.
+    pub async fn excluded_users(&self, user_ids: &[&str]) -> Result<HashMap<String, String>, StoreError> {
+        let rows = self
+            .client()
+            .query(
+                "SELECT user_id, state FROM users WHERE user_id = ANY($1) AND state <> 'active'",
+                &[&user_ids],
+            )
+            .await
+            .context("reading user states")?;
+        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    }
+
+    /// A user's objective counters: (award, objective) -> counters.
+    pub async fn user_counters(&self, user_id: &str) -> Result<BTreeMap<(String, String), Counters>, StoreError> {
+        let rows = self
+            .client()
+            .query("SELECT award_id, objective_id, counters FROM user_objective WHERE user_id = $1", &[&user_id])
+            .await
+            .context("reading a user's counters")?;
+        Ok(rows.iter().map(|r| ((r.get(0), r.get(1)), counters_from(&r.get::<_, Value>(2)))).collect())
+    }
+
+    /// Deletes processing-log rows and applied-event ids older than their
+    /// retention, a bounded number per call; returns how many went.
+    pub async fn prune(&self, log_days: i32, applied_days: i32, limit: i64) -> Result<u64, StoreError> {
+        let log = self
+            .client()
+            .execute(
+                "DELETE FROM processing_log WHERE id IN (
+                     SELECT id FROM processing_log WHERE logged_at < now() - make_interval(days => $1) LIMIT $2)",
+                &[&log_days, &limit],
+            )
+            .await
+            .context("pruning the processing log")?;
+        let applied = self
+            .client()
+            .execute(
+                "DELETE FROM applied_events WHERE (source, event_id) IN (
+                     SELECT source, event_id FROM applied_events
+                     WHERE applied_at < now() - make_interval(days => $1) LIMIT $2)",
+                &[&applied_days, &limit],
+            )
+            .await
+            .context("pruning applied events")?;
+        Ok(log + applied)
+    }
+}
+
+fn columns(keys: &BTreeSet<(String, String, String, String)>) -> (Vec<&str>, Vec<&str>, Vec<&str>, Vec<&str>) {
+    unzip4(keys.iter().map(|k| (k.0.as_str(), k.1.as_str(), k.2.as_str(), k.3.as_str())))
+}
+
+fn unzip4<'a>(
+    items: impl Iterator<Item = (&'a str, &'a str, &'a str, &'a str)>,
+) -> (Vec<&'a str>, Vec<&'a str>, Vec<&'a str>, Vec<&'a str>) {
+    let (mut a, mut b, mut c, mut d) = (vec![], vec![], vec![], vec![]);
+    for (w, x, y, z) in items {
+        a.push(w);
+        b.push(x);
+        c.push(y);
+        d.push(z);
+    }
+    (a, b, c, d)
+}
+
+struct LogRow {
+    event_id: Option<String>,
+    user_id: Option<String>,
+    award_id: Option<String>,
+    objective_id: Option<String>,
+    outcome: &'static str,
+    reason: Option<String>,
+    deltas: Option<Value>,
+    functions: Option<Value>,
+}
+
+impl LogRow {
+    fn of(o: &Outcome, outcome: &'static str, reason: Option<&str>, deltas: Option<Value>) -> LogRow {
+        LogRow {
+            event_id: Some(o.event_id.clone()),
+            user_id: Some(o.user_id.clone()),
+            award_id: Some(o.award_id.clone()),
+            objective_id: Some(o.objective_id.clone()),
+            outcome,
+            reason: reason.map(str::to_string),
+            deltas,
+            functions: Some(o.functions.clone()),
+        }
+    }
+
+    fn applied(o: &Outcome, delta: &Counters) -> LogRow {
+        LogRow::of(o, "applied", None, Some(counters_json(delta)))
+    }
+
+    fn skip(o: &Outcome, reason: &str) -> LogRow {
+        LogRow::of(o, "skipped", Some(reason), None)
+    }
+
+    fn reject(o: &Outcome, reason: &str) -> LogRow {
+        LogRow::of(o, "rejected", Some(reason), None)
+    }
+
+    fn from_entry(e: &LogEntry) -> LogRow {
+        LogRow {
+            event_id: e.event_id.clone(),
+            user_id: e.user_id.clone(),
+            award_id: e.award_id.clone(),
+            objective_id: e.objective_id.clone(),
+            outcome: e.outcome,
+            reason: Some(e.reason.clone()),
+            deltas: None,
+            functions: e.functions.clone(),
+        }
+    }
+}
+
+async fn write_log(tx: &tokio_postgres::Transaction<'_>, source: &str, rows: &[LogRow]) -> Result<(), StoreError> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let event: Vec<Option<&str>> = rows.iter().map(|r| r.event_id.as_deref()).collect();
+    let user: Vec<Option<&str>> = rows.iter().map(|r| r.user_id.as_deref()).collect();
+    let award: Vec<Option<&str>> = rows.iter().map(|r| r.award_id.as_deref()).collect();
+    let objective: Vec<Option<&str>> = rows.iter().map(|r| r.objective_id.as_deref()).collect();
+    let outcome: Vec<&str> = rows.iter().map(|r| r.outcome).collect();
+    let reason: Vec<Option<&str>> = rows.iter().map(|r| r.reason.as_deref()).collect();
+    let deltas: Vec<Option<&Value>> = rows.iter().map(|r| r.deltas.as_ref()).collect();
+    let functions: Vec<Option<&Value>> = rows.iter().map(|r| r.functions.as_ref()).collect();
+    tx.execute(
+        "INSERT INTO processing_log (source, event_id, user_id, award_id, objective_id, outcome, reason, deltas, functions)
+         SELECT $1, * FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::jsonb[], $9::jsonb[])",
+        &[&source, &event, &user, &award, &objective, &outcome, &reason, &deltas, &functions],
+    )
+    .await
+    .context("writing the processing log")?;
+    Ok(())
+}

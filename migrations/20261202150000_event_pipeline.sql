@@ -1,0 +1,109 @@
+-- The event pipeline: award definitions, sources, users, per-user objective
+-- counters, per-content contributions, the processing log.
+
+-- Every user_objective change draws its version from this one sequence.
+CREATE SEQUENCE laurel_version AS bigint;
+
+-- The current definition of each award (the contract's JSON, as applied).
+CREATE TABLE awards (
+    id         text        PRIMARY KEY CHECK (id ~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$'),
+    version    integer     NOT NULL CHECK (version > 0),
+    definition jsonb       NOT NULL,
+    enabled    boolean     NOT NULL DEFAULT true,
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- Every version of every award; `definition` is null for a deletion.
+CREATE TABLE award_history (
+    award_id   text        NOT NULL,
+    version    integer     NOT NULL,
+    definition jsonb,
+    changed_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (award_id, version)
+);
+
+-- Sources read from Kafka: `events.<name>` unless `topic` says otherwise.
+-- Registered when an award names them (SourceFilter) or by hand.
+CREATE TABLE sources (
+    name       text        PRIMARY KEY CHECK (name ~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$'),
+    topic      text        NOT NULL,
+    paused     boolean     NOT NULL DEFAULT false,
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- Users who get no awards. A user who is not here is active; whether a
+-- user is logged in comes with each event (`authorized`).
+CREATE TABLE users (
+    user_id    text        PRIMARY KEY,
+    state      text        NOT NULL CHECK (state IN ('active', 'banned', 'deleted')),
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- One objective's counters for one user. `version` comes from
+-- laurel_version on every change.
+CREATE TABLE user_objective (
+    user_id      text        NOT NULL,
+    award_id     text        NOT NULL,
+    objective_id text        NOT NULL,
+    counters     jsonb       NOT NULL DEFAULT '{}',
+    version      bigint      NOT NULL,
+    updated_at   timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (user_id, award_id, objective_id)
+);
+
+-- What each content item currently contributes to an objective, and the
+-- last event applied to it (events older than that change nothing).
+CREATE TABLE contributions (
+    user_id      text        NOT NULL,
+    award_id     text        NOT NULL,
+    objective_id text        NOT NULL,
+    content_id   text        NOT NULL,
+    counters     jsonb       NOT NULL,
+    dedup_key    text,
+    occurred_at  timestamptz NOT NULL,
+    event_id     text        NOT NULL,
+    PRIMARY KEY (user_id, award_id, objective_id, content_id)
+);
+CREATE INDEX contributions_dedup ON contributions (user_id, award_id, objective_id, dedup_key)
+    WHERE dedup_key IS NOT NULL;
+
+-- Additive (analytics) events already applied: re-delivery adds nothing.
+-- Kept for the retention period (see processing_log).
+CREATE TABLE applied_events (
+    source     text        NOT NULL,
+    event_id   text        NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (source, event_id)
+);
+CREATE INDEX applied_events_time ON applied_events (applied_at);
+
+-- The ledger: which event changed which counters by how much under which
+-- function versions; and which events were skipped or rejected, and why.
+CREATE TABLE processing_log (
+    id           bigserial   PRIMARY KEY,
+    logged_at    timestamptz NOT NULL DEFAULT now(),
+    source       text        NOT NULL,
+    event_id     text,
+    user_id      text,
+    award_id     text,
+    objective_id text,
+    outcome      text        NOT NULL CHECK (outcome IN ('applied', 'skipped', 'rejected')),
+    reason       text,
+    deltas       jsonb,
+    functions    jsonb
+);
+CREATE INDEX processing_log_user ON processing_log (user_id, id DESC);
+CREATE INDEX processing_log_time ON processing_log (logged_at);
+
+-- counters + deltas, key by key (a key that reaches 0 stays, at 0).
+CREATE FUNCTION laurel_add_counters(counters jsonb, deltas jsonb) RETURNS jsonb
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT coalesce(jsonb_object_agg(key, total), '{}'::jsonb)
+    FROM (
+        SELECT key, sum(value::bigint) AS total
+        FROM (SELECT key, value FROM jsonb_each_text(counters)
+              UNION ALL
+              SELECT key, value FROM jsonb_each_text(deltas)) AS both_sides
+        GROUP BY key
+    ) AS summed
+$$;

@@ -23,7 +23,10 @@ impl Catalog {
     pub async fn start(database_url: &str) -> Result<Arc<Catalog>, StoreError> {
         let mut notifications = store::listen(database_url, &[store::AWARDS_CHANNEL]).await?;
         let store = Store::connect(database_url).await?;
-        let catalog = Arc::new(Catalog { awards: RwLock::new(Arc::new(Vec::new())), generation: AtomicU64::new(0) });
+        let catalog = Arc::new(Catalog {
+            awards: RwLock::new(Arc::new(Vec::new())),
+            generation: AtomicU64::new(0),
+        });
         catalog.reload(&store).await?;
         let weak = Arc::downgrade(&catalog);
         tokio::spawn(async move {
@@ -35,7 +38,9 @@ impl Catalog {
                     _ = resync.tick() => {}
                 }
                 while notifications.try_recv().is_ok() {}
-                let Some(catalog) = weak.upgrade() else { return };
+                let Some(catalog) = weak.upgrade() else {
+                    return;
+                };
                 if let Err(error) = catalog.reload(&store).await {
                     warn!(message = "Failed to reload award definitions.", %error);
                 }
@@ -50,7 +55,9 @@ impl Catalog {
         for row in rows.into_iter().filter(|r| r.enabled) {
             match serde_json::from_value::<AwardDefinition>(row.definition) {
                 Ok(award) => awards.push(award),
-                Err(error) => warn!(message = "Ignoring an unreadable award definition.", award = %row.id, %error),
+                Err(error) => {
+                    warn!(message = "Ignoring an unreadable award definition.", award = %row.id, %error)
+                }
             }
         }
         let changed = {
@@ -66,7 +73,10 @@ impl Catalog {
     }
 
     pub fn awards(&self) -> Arc<Vec<AwardDefinition>> {
-        self.awards.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.awards
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     pub fn generation(&self) -> u64 {

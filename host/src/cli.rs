@@ -19,7 +19,11 @@ use crate::store::{PushOutcome, Store};
 use crate::{definitions, demo, library};
 
 #[derive(Debug, Parser)]
-#[command(name = "laurel", version, about = "An achievements engine whose award logic ships as sandboxed WebAssembly")]
+#[command(
+    name = "laurel",
+    version,
+    about = "An achievements engine whose award logic ships as sandboxed WebAssembly"
+)]
 pub struct Cli {
     #[command(flatten)]
     settings: Settings,
@@ -123,13 +127,17 @@ enum DevCommand {
 }
 
 fn parse_kind(kind: &str) -> Result<FunctionKind, String> {
-    FunctionKind::parse(kind).ok_or_else(|| format!("unknown kind {kind:?} (filter, rule or strategy)"))
+    FunctionKind::parse(kind)
+        .ok_or_else(|| format!("unknown kind {kind:?} (filter, rule or strategy)"))
 }
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("error: failed to start the async runtime: {error}");
@@ -148,7 +156,10 @@ pub fn main() -> ExitCode {
 fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("LAUREL_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
@@ -164,9 +175,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Functions { command } => functions(&settings, command).await,
         Command::Awards { command } => awards(&settings, command).await,
         Command::Sources { command } => sources(&settings, command).await,
-        Command::Dev { command: DevCommand::Kafka { port } } => {
+        Command::Dev {
+            command: DevCommand::Kafka { port },
+        } => {
             let broker = LocalBroker::start(port).await?;
-            println!("Kafka broker (librdkafka mock cluster) at {}", broker.bootstrap_servers());
+            println!(
+                "Kafka broker (librdkafka mock cluster) at {}",
+                broker.bootstrap_servers()
+            );
             println!("LAUREL_KAFKA_BROKERS={}", broker.bootstrap_servers());
             shutdown_signal().await;
             drop(broker);
@@ -178,28 +194,41 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 async fn functions(settings: &Settings, command: FunctionsCommand) -> anyhow::Result<()> {
     match command {
         FunctionsCommand::Push { name, file, kind } => {
-            let bytes = std::fs::read(&file).with_context(|| format!("failed to read {}", file.display()))?;
+            let bytes = std::fs::read(&file)
+                .with_context(|| format!("failed to read {}", file.display()))?;
             let runtime = sandbox(settings)?;
             let mut store = Store::connect(&settings.database_url).await?;
             store.migrate().await?;
             let (kind, outcome) = registry::push(&mut store, &runtime, &name, &bytes, kind).await?;
             match outcome {
                 PushOutcome::Created { version } => println!("pushed {name} v{version} ({kind})"),
-                PushOutcome::Unchanged { version } => println!("{name} v{version} ({kind}) already has these bytes"),
+                PushOutcome::Unchanged { version } => {
+                    println!("{name} v{version} ({kind}) already has these bytes")
+                }
             }
         }
         FunctionsCommand::List { all } => {
             let mut store = Store::connect(&settings.database_url).await?;
             store.migrate().await?;
-            let rows = if all { store.all_function_versions().await? } else { store.current_functions().await? };
-            println!("{:<28} {:<9} {:>7} {:>9}  {:<64}  note", "NAME", "KIND", "VERSION", "BYTES", "SHA256");
+            let rows = if all {
+                store.all_function_versions().await?
+            } else {
+                store.current_functions().await?
+            };
+            println!(
+                "{:<28} {:<9} {:>7} {:>9}  {:<64}  note",
+                "NAME", "KIND", "VERSION", "BYTES", "SHA256"
+            );
             for row in rows {
                 let note = match (&row.quarantine_reason, row.builtin) {
                     (Some(reason), _) => format!("QUARANTINED: {reason}"),
                     (None, true) => "built-in".to_string(),
                     (None, false) => String::new(),
                 };
-                println!("{:<28} {:<9} {:>7} {:>9}  {}  {note}", row.name, row.kind, row.version, row.size, row.sha256);
+                println!(
+                    "{:<28} {:<9} {:>7} {:>9}  {}  {note}",
+                    row.name, row.kind, row.version, row.size, row.sha256
+                );
             }
         }
     }
@@ -209,7 +238,8 @@ async fn functions(settings: &Settings, command: FunctionsCommand) -> anyhow::Re
 async fn awards(settings: &Settings, command: AwardsCommand) -> anyhow::Result<()> {
     match command {
         AwardsCommand::Apply { file } => {
-            let text = std::fs::read_to_string(&file).with_context(|| format!("failed to read {}", file.display()))?;
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("failed to read {}", file.display()))?;
             let runtime = sandbox(settings)?;
             prepare(settings, &runtime).await?;
             let registry = Registry::start(&settings.database_url, runtime).await?;
@@ -222,16 +252,31 @@ async fn awards(settings: &Settings, command: AwardsCommand) -> anyhow::Result<(
         AwardsCommand::List => {
             let mut store = Store::connect(&settings.database_url).await?;
             store.migrate().await?;
-            println!("{:<28} {:>7} {:<8} {:<10} title", "ID", "VERSION", "ENABLED", "OBJECTIVES");
+            println!(
+                "{:<28} {:>7} {:<8} {:<10} title",
+                "ID", "VERSION", "ENABLED", "OBJECTIVES"
+            );
             for row in store.awards().await? {
-                let title = row.definition.get("title").and_then(|t| t.as_str()).unwrap_or_default();
+                let title = row
+                    .definition
+                    .get("title")
+                    .and_then(|t| t.as_str())
+                    .unwrap_or_default();
                 let objectives = row
                     .definition
                     .get("objectives")
                     .and_then(|o| o.as_array())
-                    .map(|o| o.iter().filter_map(|o| o.get("id").and_then(|i| i.as_str())).collect::<Vec<_>>().join(","))
+                    .map(|o| {
+                        o.iter()
+                            .filter_map(|o| o.get("id").and_then(|i| i.as_str()))
+                            .collect::<Vec<_>>()
+                            .join(",")
+                    })
                     .unwrap_or_default();
-                println!("{:<28} {:>7} {:<8} {:<10} {title}", row.id, row.version, row.enabled, objectives);
+                println!(
+                    "{:<28} {:>7} {:<8} {:<10} {title}",
+                    row.id, row.version, row.enabled, objectives
+                );
             }
         }
     }
@@ -245,7 +290,12 @@ async fn sources(settings: &Settings, command: SourcesCommand) -> anyhow::Result
         SourcesCommand::List => {
             println!("{:<20} {:<28} state", "SOURCE", "TOPIC");
             for source in store.sources().await? {
-                println!("{:<20} {:<28} {}", source.name, source.topic, if source.paused { "paused" } else { "running" });
+                println!(
+                    "{:<20} {:<28} {}",
+                    source.name,
+                    source.topic,
+                    if source.paused { "paused" } else { "running" }
+                );
             }
         }
         SourcesCommand::Add { name, topic } => {
@@ -253,11 +303,17 @@ async fn sources(settings: &Settings, command: SourcesCommand) -> anyhow::Result
             println!("source {name} registered");
         }
         SourcesCommand::Pause { name } => {
-            anyhow::ensure!(store.set_source_paused(&name, true).await?, "no source named {name}");
+            anyhow::ensure!(
+                store.set_source_paused(&name, true).await?,
+                "no source named {name}"
+            );
             println!("source {name} paused");
         }
         SourcesCommand::Resume { name } => {
-            anyhow::ensure!(store.set_source_paused(&name, false).await?, "no source named {name}");
+            anyhow::ensure!(
+                store.set_source_paused(&name, false).await?,
+                "no source named {name}"
+            );
             println!("source {name} resumed");
         }
     }
@@ -280,7 +336,11 @@ async fn prepare(settings: &Settings, runtime: &Runtime) -> anyhow::Result<()> {
 }
 
 /// `laurel up`: every role in one process, until `shutdown` resolves.
-pub async fn up(settings: &Settings, demo: bool, shutdown: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
+pub async fn up(
+    settings: &Settings,
+    demo: bool,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
     let runtime = sandbox(settings)?;
     prepare(settings, &runtime).await?;
     let registry = Registry::start(&settings.database_url, runtime).await?;
@@ -289,8 +349,14 @@ pub async fn up(settings: &Settings, demo: bool, shutdown: impl std::future::Fut
         Some(brokers) => (brokers.clone(), None),
         None => {
             let broker = LocalBroker::start(None).await?;
-            println!("Kafka broker (in process, librdkafka mock cluster): {}", broker.bootstrap_servers());
-            println!("  produce with e.g.: kcat -P -b {} -t events.photos -k u-42", broker.bootstrap_servers());
+            println!(
+                "Kafka broker (in process, librdkafka mock cluster): {}",
+                broker.bootstrap_servers()
+            );
+            println!(
+                "  produce with e.g.: kcat -P -b {} -t events.photos -k u-42",
+                broker.bootstrap_servers()
+            );
             (broker.bootstrap_servers().to_string(), Some(broker))
         }
     };
@@ -309,7 +375,14 @@ pub async fn up(settings: &Settings, demo: bool, shutdown: impl std::future::Fut
             }
         });
     }
-    run_roles(settings, &brokers, &["ingest".to_string()], registry, shutdown).await
+    run_roles(
+        settings,
+        &brokers,
+        &["ingest".to_string()],
+        registry,
+        shutdown,
+    )
+    .await
 }
 
 /// `laurel serve --roles ...`.
@@ -321,7 +394,11 @@ pub async fn serve(
     const KNOWN: &[&str] = &["ingest", "awards", "notify", "api", "prefilter"];
     const BUILT: &[&str] = &["ingest"];
     for role in roles {
-        anyhow::ensure!(KNOWN.contains(&role.as_str()), "unknown role `{role}` (roles: {})", KNOWN.join(", "));
+        anyhow::ensure!(
+            KNOWN.contains(&role.as_str()),
+            "unknown role `{role}` (roles: {})",
+            KNOWN.join(", ")
+        );
         anyhow::ensure!(
             BUILT.contains(&role.as_str()),
             "role `{role}` is not built yet (this build has: {})",
@@ -347,10 +424,20 @@ async fn run_roles(
 ) -> anyhow::Result<()> {
     let roles: BTreeSet<&str> = roles.iter().map(String::as_str).collect();
     let catalog = Catalog::start(&settings.database_url).await?;
-    let retention = tokio::spawn(prune_forever(settings.database_url.clone(), settings.log_retention_days));
+    let retention = tokio::spawn(prune_forever(
+        settings.database_url.clone(),
+        settings.log_retention_days,
+    ));
     let result = if roles.contains("ingest") {
         info!(message = "Ingest starting.", brokers = %brokers);
-        ingest::run(settings.ingest(brokers), &settings.database_url, registry, catalog, shutdown).await
+        ingest::run(
+            settings.ingest(brokers),
+            &settings.database_url,
+            registry,
+            catalog,
+            shutdown,
+        )
+        .await
     } else {
         shutdown.await;
         Ok(())
@@ -366,7 +453,9 @@ async fn prune_forever(database_url: String, log_days: i32) {
     let mut tick = tokio::time::interval(Duration::from_secs(60));
     loop {
         tick.tick().await;
-        let Ok(store) = Store::connect(&database_url).await else { continue };
+        let Ok(store) = Store::connect(&database_url).await else {
+            continue;
+        };
         loop {
             match store.prune(log_days, log_days.max(7), 10_000).await {
                 Ok(0) => break,
@@ -383,8 +472,17 @@ async fn prune_forever(database_url: String, log_days: i32) {
 fn print_functions(registry: &Registry) {
     println!("Laurel is up. Functions loaded:");
     for function in registry.functions() {
-        let note = function.quarantined().map(|r| format!("  QUARANTINED: {r}")).unwrap_or_default();
-        println!("  {:<28} {:<9} v{:<4} {}{note}", function.name, function.kind, function.version, &function.sha256[..12]);
+        let note = function
+            .quarantined()
+            .map(|r| format!("  QUARANTINED: {r}"))
+            .unwrap_or_default();
+        println!(
+            "  {:<28} {:<9} v{:<4} {}{note}",
+            function.name,
+            function.kind,
+            function.version,
+            &function.sha256[..12]
+        );
     }
     for (name, version, reason) in registry.unloadable() {
         println!("  {name:<28} v{version} FAILED TO LOAD: {reason}");
@@ -396,13 +494,14 @@ pub async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(term) => term,
-            Err(_) => {
-                let _ = ctrl_c.await;
-                return;
-            }
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(term) => term,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
         tokio::select! {
             _ = ctrl_c => {}
             _ = term.recv() => {}

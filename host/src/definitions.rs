@@ -108,7 +108,8 @@ pub struct InvalidDefinitions(pub Vec<DefinitionError>);
 
 /// Parses one definition or an array of them.
 pub fn parse(text: &str) -> Result<Vec<AwardDefinition>, InvalidDefinitions> {
-    let value: Value = serde_json::from_str(text).map_err(|e| invalid("?", format!("not valid JSON: {e}")))?;
+    let value: Value =
+        serde_json::from_str(text).map_err(|e| invalid("?", format!("not valid JSON: {e}")))?;
     let items = match value {
         Value::Array(items) => items,
         single => vec![single],
@@ -117,36 +118,51 @@ pub fn parse(text: &str) -> Result<Vec<AwardDefinition>, InvalidDefinitions> {
         .into_iter()
         .enumerate()
         .map(|(i, item)| {
-            let name = item.get("id").and_then(Value::as_str).map_or_else(|| format!("#{}", i + 1), str::to_string);
-            serde_json::from_value(item).map_err(|e| invalid(&name, format!("invalid definition: {e}")))
+            let name = item
+                .get("id")
+                .and_then(Value::as_str)
+                .map_or_else(|| format!("#{}", i + 1), str::to_string);
+            serde_json::from_value(item)
+                .map_err(|e| invalid(&name, format!("invalid definition: {e}")))
         })
         .collect()
 }
 
 fn invalid(award: &str, reason: String) -> InvalidDefinitions {
-    InvalidDefinitions(vec![DefinitionError { award: award.to_string(), objective: None, function: None, reason }])
+    InvalidDefinitions(vec![DefinitionError {
+        award: award.to_string(),
+        objective: None,
+        function: None,
+        reason,
+    }])
 }
 
 fn valid_id(id: &str) -> bool {
     !id.is_empty()
         && id.len() <= 128
         && id.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
-        && id.chars().all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c))
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c))
 }
 
 /// Checks definitions against the registry: every function resolves, is of
 /// the right kind, and accepts its config (creating an instance of it is the
 /// check). Returns every problem found.
-pub fn validate(definitions: &[AwardDefinition], registry: &Arc<Registry>) -> Result<(), InvalidDefinitions> {
+pub fn validate(
+    definitions: &[AwardDefinition],
+    registry: &Arc<Registry>,
+) -> Result<(), InvalidDefinitions> {
     let mut errors = Vec::new();
     let mut seen_awards = HashSet::new();
     for award in definitions {
-        let at = |objective: Option<&str>, function: Option<&str>, reason: String| DefinitionError {
-            award: award.id.clone(),
-            objective: objective.map(str::to_string),
-            function: function.map(str::to_string),
-            reason,
-        };
+        let at =
+            |objective: Option<&str>, function: Option<&str>, reason: String| DefinitionError {
+                award: award.id.clone(),
+                objective: objective.map(str::to_string),
+                function: function.map(str::to_string),
+                reason,
+            };
         if !valid_id(&award.id) {
             errors.push(at(None, None, "the id must be 1-128 characters of A-Z a-z 0-9 _ . - starting with a letter or digit".into()));
         }
@@ -163,7 +179,11 @@ pub fn validate(definitions: &[AwardDefinition], registry: &Arc<Registry>) -> Re
         for objective in &award.objectives {
             let id = objective.id.as_str();
             if !valid_id(id) {
-                errors.push(at(Some(id), None, "the objective id must be 1-128 characters of A-Z a-z 0-9 _ . -".into()));
+                errors.push(at(
+                    Some(id),
+                    None,
+                    "the objective id must be 1-128 characters of A-Z a-z 0-9 _ . -".into(),
+                ));
             }
             if !objective_ids.insert(id) {
                 errors.push(at(Some(id), None, "the objective is defined twice".into()));
@@ -176,13 +196,20 @@ pub fn validate(definitions: &[AwardDefinition], registry: &Arc<Registry>) -> Re
                     errors.push(at(Some(id), Some(&filter.name), error.to_string()));
                 }
             }
-            if let Err(error) = registry.bind_rule(&objective.rule.name, &objective.rule.config_text()) {
+            if let Err(error) =
+                registry.bind_rule(&objective.rule.name, &objective.rule.config_text())
+            {
                 errors.push(at(Some(id), Some(&objective.rule.name), error.to_string()));
             }
         }
         match registry.bind_strategy(&award.strategy_function, &award.strategy.to_string()) {
             Ok(mut strategy) => {
-                let used: BTreeSet<&str> = strategy.instance().objectives().iter().map(String::as_str).collect();
+                let used: BTreeSet<&str> = strategy
+                    .instance()
+                    .objectives()
+                    .iter()
+                    .map(String::as_str)
+                    .collect();
                 for missing in used.difference(&objective_ids) {
                     errors.push(at(
                         None,
@@ -201,7 +228,11 @@ pub fn validate(definitions: &[AwardDefinition], registry: &Arc<Registry>) -> Re
             Err(error) => errors.push(at(None, Some(&award.strategy_function), error.to_string())),
         }
     }
-    if errors.is_empty() { Ok(()) } else { Err(InvalidDefinitions(errors)) }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(InvalidDefinitions(errors))
+    }
 }
 
 impl AwardDefinition {
@@ -217,10 +248,15 @@ impl AwardDefinition {
 
 /// The sources an objective's filter chain can match (the intersection of
 /// its filters' answers), or `None` when it can match any.
-pub fn objective_sources(objective: &ObjectiveDefinition, registry: &Arc<Registry>) -> Option<Vec<String>> {
+pub fn objective_sources(
+    objective: &ObjectiveDefinition,
+    registry: &Arc<Registry>,
+) -> Option<Vec<String>> {
     let mut sources: Option<BTreeSet<String>> = None;
     for filter in &objective.filters {
-        let Ok(mut binding) = registry.bind_filter(&filter.name, &filter.config_text()) else { continue };
+        let Ok(mut binding) = registry.bind_filter(&filter.name, &filter.config_text()) else {
+            continue;
+        };
         if let Some(these) = binding.instance().sources() {
             let these: BTreeSet<String> = these.iter().cloned().collect();
             sources = Some(match sources {
@@ -267,11 +303,19 @@ pub async fn apply(
     };
     let sources = match checked {
         Ok(result) => result?,
-        Err(join) => return Err(invalid("?", format!("checking the definitions failed: {join}")).into()),
+        Err(join) => {
+            return Err(invalid("?", format!("checking the definitions failed: {join}")).into());
+        }
     };
     let rows: Vec<(String, Value, bool)> = definitions
         .iter()
-        .map(|d| (d.id.clone(), serde_json::to_value(d).expect("a definition serializes"), d.enabled))
+        .map(|d| {
+            (
+                d.id.clone(),
+                serde_json::to_value(d).expect("a definition serializes"),
+                d.enabled,
+            )
+        })
         .collect();
     let sources: Vec<String> = sources.into_iter().collect();
     Ok(store.apply_awards(&rows, &sources).await?)

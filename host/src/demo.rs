@@ -56,8 +56,16 @@ pub fn run(registry: &Arc<Registry>) -> anyhow::Result<()> {
         } else {
             match &contributions[i] {
                 Ok(Some(c)) => {
-                    let counters: Vec<String> = c.counters.iter().map(|c| format!("{} = {}", c.name, c.value)).collect();
-                    let key = c.dedup_key.as_deref().map(|k| format!(", one per object {k}")).unwrap_or_default();
+                    let counters: Vec<String> = c
+                        .counters
+                        .iter()
+                        .map(|c| format!("{} = {}", c.name, c.value))
+                        .collect();
+                    let key = c
+                        .dedup_key
+                        .as_deref()
+                        .map(|k| format!(", one per object {k}"))
+                        .unwrap_or_default();
                     format!("counts {}{key}", counters.join(", "))
                 }
                 Ok(None) => "ignored by the rule".to_string(),
@@ -105,7 +113,13 @@ pub const AWARDS: &str = include_str!("../demo/awards.json");
 
 const DEMO_USER: &str = "u-42";
 
-fn demo_event(i: usize, source: &str, kind: &str, content: Option<(&str, &str)>, payload: serde_json::Value) -> String {
+fn demo_event(
+    i: usize,
+    source: &str,
+    kind: &str,
+    content: Option<(&str, &str)>,
+    payload: serde_json::Value,
+) -> String {
     let mut event = serde_json::json!({
         "id": format!("demo-evt-{i}"),
         "source": source,
@@ -127,23 +141,116 @@ pub async fn publish_and_show(brokers: &str, database_url: &str) -> anyhow::Resu
     use serde_json::json;
     let long = "A long, careful review: the coffee, the service, the prices and the view from the terrace, all of it worth a visit.";
     let events = [
-        ("photos", demo_event(1, "photos", "photo.status_changed", Some(("photo-1", "moderation")), json!({}))),
-        ("photos", demo_event(2, "photos", "photo.status_changed", Some(("photo-1", "active")), json!({}))),
-        ("photos", demo_event(3, "photos", "photo.status_changed", Some(("photo-2", "active")), json!({}))),
-        ("photos", demo_event(4, "photos", "photo.status_changed", Some(("photo-3", "active")), json!({}))),
-        ("photos", demo_event(5, "photos", "photo.status_changed", Some(("photo-3", "blocked")), json!({}))),
-        ("reviews", demo_event(6, "reviews", "review.created", Some(("review-1", "active")), json!({"object_id": "firm-17", "text": long}))),
-        ("reviews", demo_event(7, "reviews", "review.created", Some(("review-2", "active")), json!({"object_id": "firm-17", "text": long}))),
-        ("reviews", demo_event(8, "reviews", "review.created", Some(("review-3", "active")), json!({"object_id": "firm-18", "text": "Too short."}))),
-        ("bss", demo_event(9, "bss", "navi.trip_finished", None, json!({"distance_m": 5500}))),
-        ("bss", demo_event(10, "bss", "card.opened", None, json!({"card": "firm-17"}))),
+        (
+            "photos",
+            demo_event(
+                1,
+                "photos",
+                "photo.status_changed",
+                Some(("photo-1", "moderation")),
+                json!({}),
+            ),
+        ),
+        (
+            "photos",
+            demo_event(
+                2,
+                "photos",
+                "photo.status_changed",
+                Some(("photo-1", "active")),
+                json!({}),
+            ),
+        ),
+        (
+            "photos",
+            demo_event(
+                3,
+                "photos",
+                "photo.status_changed",
+                Some(("photo-2", "active")),
+                json!({}),
+            ),
+        ),
+        (
+            "photos",
+            demo_event(
+                4,
+                "photos",
+                "photo.status_changed",
+                Some(("photo-3", "active")),
+                json!({}),
+            ),
+        ),
+        (
+            "photos",
+            demo_event(
+                5,
+                "photos",
+                "photo.status_changed",
+                Some(("photo-3", "blocked")),
+                json!({}),
+            ),
+        ),
+        (
+            "reviews",
+            demo_event(
+                6,
+                "reviews",
+                "review.created",
+                Some(("review-1", "active")),
+                json!({"object_id": "firm-17", "text": long}),
+            ),
+        ),
+        (
+            "reviews",
+            demo_event(
+                7,
+                "reviews",
+                "review.created",
+                Some(("review-2", "active")),
+                json!({"object_id": "firm-17", "text": long}),
+            ),
+        ),
+        (
+            "reviews",
+            demo_event(
+                8,
+                "reviews",
+                "review.created",
+                Some(("review-3", "active")),
+                json!({"object_id": "firm-18", "text": "Too short."}),
+            ),
+        ),
+        (
+            "bss",
+            demo_event(
+                9,
+                "bss",
+                "navi.trip_finished",
+                None,
+                json!({"distance_m": 5500}),
+            ),
+        ),
+        (
+            "bss",
+            demo_event(10, "bss", "card.opened", None, json!({"card": "firm-17"})),
+        ),
     ];
     let producer = crate::ingest::producer(brokers)?;
     for (source, event) in &events {
-        crate::ingest::publish(&producer, &format!("events.{source}"), Some(DEMO_USER.as_bytes()), event.as_bytes(), &[])
-            .await?;
+        crate::ingest::publish(
+            &producer,
+            &format!("events.{source}"),
+            Some(DEMO_USER.as_bytes()),
+            event.as_bytes(),
+            &[],
+        )
+        .await?;
     }
-    println!("Demo: published {} events for {DEMO_USER} (photos, reviews, bss).", events.len());
+    println!(
+        "Demo: published {} events for {DEMO_USER} (photos, reviews, bss).",
+        events.len()
+    );
     let store = crate::store::Store::connect(database_url).await?;
     let mut last = None;
     for _ in 0..60 {
@@ -156,7 +263,10 @@ pub async fn publish_and_show(brokers: &str, database_url: &str) -> anyhow::Resu
     }
     println!("Demo: {DEMO_USER}'s objective counters:");
     for ((award, objective), counters) in last.unwrap_or_default() {
-        println!("  {award:<16} {objective:<8} {}", serde_json::to_string(&counters)?);
+        println!(
+            "  {award:<16} {objective:<8} {}",
+            serde_json::to_string(&counters)?
+        );
     }
     Ok(())
 }

@@ -3,8 +3,8 @@
 
 pub mod catalog;
 pub mod cli;
-pub mod demo;
 pub mod definitions;
+pub mod demo;
 pub mod event;
 pub mod ingest;
 pub mod library;

@@ -60,7 +60,12 @@ pub struct Settings {
     pub batch_size: usize,
 
     /// Longest wait to fill a batch, in milliseconds.
-    #[arg(long, global = true, env = "LAUREL_BATCH_WAIT_MS", default_value_t = 50)]
+    #[arg(
+        long,
+        global = true,
+        env = "LAUREL_BATCH_WAIT_MS",
+        default_value_t = 50
+    )]
     pub batch_wait_ms: u64,
 
     /// Larger Kafka messages are dead-lettered, in bytes.
@@ -68,11 +73,21 @@ pub struct Settings {
     pub max_event_bytes: usize,
 
     /// Kafka consumer session timeout, in milliseconds.
-    #[arg(long, global = true, env = "LAUREL_KAFKA_SESSION_TIMEOUT_MS", default_value_t = 10_000)]
+    #[arg(
+        long,
+        global = true,
+        env = "LAUREL_KAFKA_SESSION_TIMEOUT_MS",
+        default_value_t = 10_000
+    )]
     pub kafka_session_timeout_ms: u64,
 
     /// Processing-log entries are kept this many days.
-    #[arg(long, global = true, env = "LAUREL_LOG_RETENTION_DAYS", default_value_t = 30)]
+    #[arg(
+        long,
+        global = true,
+        env = "LAUREL_LOG_RETENTION_DAYS",
+        default_value_t = 30
+    )]
     pub log_retention_days: i32,
 
     /// Consecutive failures after which a function version is quarantined.

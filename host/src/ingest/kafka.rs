@@ -20,7 +20,8 @@ impl LocalBroker {
     /// Starts a one-broker cluster on an ephemeral loopback port. With
     /// `port`, also accepts bootstrap connections on 127.0.0.1:`port`.
     pub async fn start(port: Option<u16>) -> anyhow::Result<LocalBroker> {
-        let cluster = MockCluster::new(1).map_err(|e| anyhow::anyhow!("failed to start the local Kafka broker: {e}"))?;
+        let cluster = MockCluster::new(1)
+            .map_err(|e| anyhow::anyhow!("failed to start the local Kafka broker: {e}"))?;
         let mut bootstrap = cluster.bootstrap_servers();
         if let Some(port) = port {
             let listener = TcpListener::bind(("127.0.0.1", port))
@@ -96,7 +97,10 @@ pub async fn publish(
 ) -> anyhow::Result<()> {
     let mut owned = OwnedHeaders::new();
     for (name, value) in headers {
-        owned = owned.insert(Header { key: name, value: Some(*value) });
+        owned = owned.insert(Header {
+            key: name,
+            value: Some(*value),
+        });
     }
     let mut record = FutureRecord::to(topic).payload(payload).headers(owned);
     if let Some(key) = key {
@@ -104,7 +108,12 @@ pub async fn publish(
     }
     match producer.send(record, Duration::from_secs(30)).await {
         Ok(delivery) => {
-            debug!(message = "Published.", topic, partition = delivery.partition, offset = delivery.offset);
+            debug!(
+                message = "Published.",
+                topic,
+                partition = delivery.partition,
+                offset = delivery.offset
+            );
             Ok(())
         }
         Err((error, _)) => Err(anyhow::anyhow!("failed to publish to {topic}: {error}")),

@@ -21,7 +21,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer};
+use rdkafka::consumer::{
+    BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
+};
 use rdkafka::message::{Headers, Message, OwnedMessage};
 use rdkafka::producer::FutureProducer;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
@@ -150,7 +152,12 @@ impl ConsumerContext for SourceContext {
     }
 }
 
-async fn consume_source(source: SourceRow, shared: Arc<Shared>, paused: Arc<AtomicBool>, stop: watch::Receiver<bool>) {
+async fn consume_source(
+    source: SourceRow,
+    shared: Arc<Shared>,
+    paused: Arc<AtomicBool>,
+    stop: watch::Receiver<bool>,
+) {
     let mut backoff = Duration::from_millis(200);
     loop {
         match SourceConsumer::new(&source, &shared, paused.clone()).await {
@@ -188,11 +195,18 @@ enum Decoded {
 }
 
 impl SourceConsumer {
-    async fn new(source: &SourceRow, shared: &Arc<Shared>, paused: Arc<AtomicBool>) -> anyhow::Result<SourceConsumer> {
+    async fn new(
+        source: &SourceRow,
+        shared: &Arc<Shared>,
+        paused: Arc<AtomicBool>,
+    ) -> anyhow::Result<SourceConsumer> {
         let settings = &shared.settings;
         let session_ms = settings.session_timeout.as_millis().max(1000);
         let consumer: StreamConsumer<SourceContext> = kafka::client_config(&settings.brokers)
-            .set("group.id", format!("{}.{}", settings.group_prefix, source.name))
+            .set(
+                "group.id",
+                format!("{}.{}", settings.group_prefix, source.name),
+            )
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
             .set("auto.offset.reset", "earliest")
@@ -201,8 +215,15 @@ impl SourceConsumer {
             .set("heartbeat.interval.ms", (session_ms / 4).to_string())
             .set("allow.auto.create.topics", "true")
             .set("fetch.wait.max.ms", "20")
-            .create_with_context(SourceContext { paused: paused.clone() })
-            .map_err(|e| anyhow::anyhow!("failed to create the consumer for source {}: {e}", source.name))?;
+            .create_with_context(SourceContext {
+                paused: paused.clone(),
+            })
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "failed to create the consumer for source {}: {e}",
+                    source.name
+                )
+            })?;
         consumer
             .subscribe(&[&source.topic])
             .map_err(|e| anyhow::anyhow!("failed to subscribe to {}: {e}", source.topic))?;
@@ -268,24 +289,38 @@ impl SourceConsumer {
             return;
         }
         let result = self.consumer.assignment().and_then(|assignment| {
-            if want { self.consumer.pause(&assignment) } else { self.consumer.resume(&assignment) }
+            if want {
+                self.consumer.pause(&assignment)
+            } else {
+                self.consumer.resume(&assignment)
+            }
         });
         match result {
             Ok(()) => {
                 self.is_paused = want;
                 info!(message = if want { "Source paused." } else { "Source resumed." }, source = %self.source.name);
             }
-            Err(error) => warn!(message = "Failed to pause or resume.", source = %self.source.name, %error),
+            Err(error) => {
+                warn!(message = "Failed to pause or resume.", source = %self.source.name, %error)
+            }
         }
     }
 
     fn rewind(&self, batch: &[OwnedMessage]) {
         let mut first: HashMap<i32, i64> = HashMap::new();
         for message in batch {
-            first.entry(message.partition()).and_modify(|o| *o = (*o).min(message.offset())).or_insert(message.offset());
+            first
+                .entry(message.partition())
+                .and_modify(|o| *o = (*o).min(message.offset()))
+                .or_insert(message.offset());
         }
         for (partition, offset) in first {
-            if let Err(error) = self.consumer.seek(&self.source.topic, partition, Offset::Offset(offset), Duration::from_secs(5)) {
+            if let Err(error) = self.consumer.seek(
+                &self.source.topic,
+                partition,
+                Offset::Offset(offset),
+                Duration::from_secs(5),
+            ) {
                 warn!(message = "Failed to rewind; the uncommitted batch comes back after a restart.", source = %self.source.name, %error);
             }
         }
@@ -297,7 +332,10 @@ impl SourceConsumer {
         };
         let limit = self.shared.settings.max_event_bytes;
         if payload.len() > limit {
-            return Decoded::Bad(format!("message of {} bytes is over the limit of {limit} bytes", payload.len()));
+            return Decoded::Bad(format!(
+                "message of {} bytes is over the limit of {limit} bytes",
+                payload.len()
+            ));
         }
         let envelope = match Envelope::parse(payload) {
             Ok(envelope) => envelope,
@@ -310,7 +348,9 @@ impl SourceConsumer {
             ));
         }
         if envelope.id.is_empty() || envelope.user_id.is_empty() {
-            return Decoded::Bad("malformed event: `id` and `user_id` must not be empty".to_string());
+            return Decoded::Bad(
+                "malformed event: `id` and `user_id` must not be empty".to_string(),
+            );
         }
         if let Some(key) = message.key()
             && key != envelope.user_id.as_bytes()
@@ -324,7 +364,11 @@ impl SourceConsumer {
         Decoded::Event(envelope)
     }
 
-    async fn process(&mut self, batch: &[OwnedMessage], stop: &watch::Receiver<bool>) -> anyhow::Result<()> {
+    async fn process(
+        &mut self,
+        batch: &[OwnedMessage],
+        stop: &watch::Receiver<bool>,
+    ) -> anyhow::Result<()> {
         let mut log: Vec<LogEntry> = Vec::new();
         let mut dead: Vec<(usize, String)> = Vec::new();
         let mut admitted: Vec<(usize, Envelope)> = Vec::new();
@@ -335,13 +379,20 @@ impl SourceConsumer {
             }
         }
         // Who gets no progress.
-        let users: Vec<&str> = admitted.iter().map(|(_, e)| e.user_id.as_str()).collect::<HashSet<_>>().into_iter().collect();
+        let users: Vec<&str> = admitted
+            .iter()
+            .map(|(_, e)| e.user_id.as_str())
+            .collect::<HashSet<_>>()
+            .into_iter()
+            .collect();
         let excluded = self.store.excluded_users(&users).await?;
         admitted.retain(|(_, envelope)| {
             let reason = if !envelope.authorized {
                 Some("user not authorized (authorized: false)".to_string())
             } else {
-                excluded.get(&envelope.user_id).map(|state| format!("user is {state}"))
+                excluded
+                    .get(&envelope.user_id)
+                    .map(|state| format!("user is {state}"))
             };
             match reason {
                 Some(reason) => {
@@ -361,11 +412,19 @@ impl SourceConsumer {
         });
 
         // The objectives, rebuilt when awards or functions changed.
-        let generation = (self.shared.catalog.generation(), self.shared.registry.generation());
+        let generation = (
+            self.shared.catalog.generation(),
+            self.shared.registry.generation(),
+        );
         if self.plan.is_none() || generation != self.plan_generation {
-            let (source, awards, registry) =
-                (self.source.name.clone(), self.shared.catalog.awards(), self.shared.registry.clone());
-            let plan = tokio::task::spawn_blocking(move || Plan::build(&source, &awards, &registry)).await?;
+            let (source, awards, registry) = (
+                self.source.name.clone(),
+                self.shared.catalog.awards(),
+                self.shared.registry.clone(),
+            );
+            let plan =
+                tokio::task::spawn_blocking(move || Plan::build(&source, &awards, &registry))
+                    .await?;
             info!(message = "Objectives planned.", source = %self.source.name, objectives = plan.objective_count(), unbound = plan.unbound.len());
             self.plan = Some(plan);
             self.plan_generation = generation;
@@ -383,12 +442,20 @@ impl SourceConsumer {
         }
         for (index, reason) in &dead {
             let message = &batch[*index];
-            if !evaluation.rejected.iter().any(|r| admitted[r.index].0 == *index) {
-                let event_id = message.payload().and_then(|p| serde_json::from_slice::<serde_json::Value>(p).ok())
+            if !evaluation
+                .rejected
+                .iter()
+                .any(|r| admitted[r.index].0 == *index)
+            {
+                let event_id = message
+                    .payload()
+                    .and_then(|p| serde_json::from_slice::<serde_json::Value>(p).ok())
                     .and_then(|v| v.get("id").and_then(|id| id.as_str()).map(str::to_string));
                 log.push(LogEntry {
                     event_id,
-                    user_id: message.key().map(|k| String::from_utf8_lossy(k).into_owned()),
+                    user_id: message
+                        .key()
+                        .map(|k| String::from_utf8_lossy(k).into_owned()),
                     award_id: None,
                     objective_id: None,
                     outcome: "rejected",
@@ -404,7 +471,10 @@ impl SourceConsumer {
         let dead_topic = format!("events.{}.dead", self.source.name);
         for (index, reason) in &dead {
             let message = &batch[*index];
-            let (partition, offset) = (message.partition().to_string(), message.offset().to_string());
+            let (partition, offset) = (
+                message.partition().to_string(),
+                message.offset().to_string(),
+            );
             let mut headers = vec![
                 ("laurel-reason", reason.as_str()),
                 ("laurel-source", self.source.name.as_str()),
@@ -416,20 +486,36 @@ impl SourceConsumer {
                 .headers()
                 .map(|h| {
                     h.iter()
-                        .map(|header| (header.key.to_string(), String::from_utf8_lossy(header.value.unwrap_or_default()).into_owned()))
+                        .map(|header| {
+                            (
+                                header.key.to_string(),
+                                String::from_utf8_lossy(header.value.unwrap_or_default())
+                                    .into_owned(),
+                            )
+                        })
                         .collect()
                 })
                 .unwrap_or_default();
             headers.extend(original.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-            kafka::publish(&self.shared.dead_letters, &dead_topic, message.key(), message.payload().unwrap_or_default(), &headers)
-                .await?;
+            kafka::publish(
+                &self.shared.dead_letters,
+                &dead_topic,
+                message.key(),
+                message.payload().unwrap_or_default(),
+                &headers,
+            )
+            .await?;
             warn!(message = "Event dead-lettered.", source = %self.source.name, partition = message.partition(), offset = message.offset(), reason = %reason);
         }
 
         // One transaction; retried while the database is unreachable.
         let mut backoff = Duration::from_millis(100);
         loop {
-            match self.store.apply_batch(&self.source.name, &evaluation.outcomes, &log).await {
+            match self
+                .store
+                .apply_batch(&self.source.name, &evaluation.outcomes, &log)
+                .await
+            {
                 Ok(applied) => {
                     debug!(message = "Batch applied.", source = %self.source.name, events = batch.len(), changed = applied.changed, objectives = applied.objectives);
                     break;

@@ -66,7 +66,8 @@ impl Plan {
                         .iter()
                         .map(|f| registry.bind_filter(&f.name, &f.config_text()))
                         .collect::<Result<Vec<_>, _>>()?;
-                    let rule = registry.bind_rule(&objective.rule.name, &objective.rule.config_text())?;
+                    let rule =
+                        registry.bind_rule(&objective.rule.name, &objective.rule.config_text())?;
                     Ok::<_, crate::registry::RegistryError>(ObjectivePlan {
                         award_id: award.id.clone(),
                         objective_id: objective.id.clone(),
@@ -77,14 +78,18 @@ impl Plan {
                 match bound {
                     Ok(plan) => objectives.push(plan),
                     Err(error) => {
-                        let reason = format!("award {}, objective {}: {error}", award.id, objective.id);
+                        let reason =
+                            format!("award {}, objective {}: {error}", award.id, objective.id);
                         warn!(message = "Objective not applied.", source = %source, error = %reason);
                         unbound.push(reason);
                     }
                 }
             }
         }
-        Plan { objectives, unbound }
+        Plan {
+            objectives,
+            unbound,
+        }
     }
 
     pub fn objective_count(&self) -> usize {
@@ -156,7 +161,10 @@ impl Plan {
         // Stream order: event by event, objective by objective.
         for (index, envelope) in envelopes.iter().enumerate() {
             if let Some(reason) = rejected.get(&index) {
-                evaluation.rejected.push(Rejected { index, reason: reason.clone() });
+                evaluation.rejected.push(Rejected {
+                    index,
+                    reason: reason.clone(),
+                });
                 evaluation.log.push(LogEntry {
                     event_id: Some(envelope.id.clone()),
                     user_id: Some(envelope.user_id.clone()),
@@ -168,7 +176,9 @@ impl Plan {
                 });
                 continue;
             }
-            for ((objective, these), functions) in self.objectives.iter().zip(&effects).zip(&versions) {
+            for ((objective, these), functions) in
+                self.objectives.iter().zip(&effects).zip(&versions)
+            {
                 if let Some(effect) = &these[index] {
                     evaluation.outcomes.push(Outcome {
                         event_id: envelope.id.clone(),
@@ -215,12 +225,23 @@ impl ObjectivePlan {
             }
             let batch: Vec<Event> = passing.iter().map(|&i| events[i].clone()).collect();
             let answers = filter.instance().matches(&batch)?;
-            passing = passing.into_iter().zip(answers).filter(|(_, ok)| *ok).map(|(i, _)| i).collect();
+            passing = passing
+                .into_iter()
+                .zip(answers)
+                .filter(|(_, ok)| *ok)
+                .map(|(i, _)| i)
+                .collect();
         }
         let mut answers: Vec<Answer> = events
             .iter()
             // A content item that no longer passes contributes nothing now.
-            .map(|e| if e.content_id.is_some() { Answer::Effect(Effect::Excluded) } else { Answer::Nothing })
+            .map(|e| {
+                if e.content_id.is_some() {
+                    Answer::Effect(Effect::Excluded)
+                } else {
+                    Answer::Nothing
+                }
+            })
             .collect();
         if passing.is_empty() {
             return Ok(answers);
@@ -247,6 +268,9 @@ fn effect(event: &Event, contribution: Contribution) -> Answer {
         // Without a content item there is nothing to replace: it can only add.
         Answer::Effect(Effect::Additive { counters })
     } else {
-        Answer::Effect(Effect::Contribution { counters, dedup_key: contribution.dedup_key })
+        Answer::Effect(Effect::Contribution {
+            counters,
+            dedup_key: contribution.dedup_key,
+        })
     }
 }

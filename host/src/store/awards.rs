@@ -34,7 +34,11 @@ impl Store {
         awards: &[(String, Value, bool)],
         sources: &[String],
     ) -> Result<Vec<(String, i32)>, StoreError> {
-        let tx = self.client_mut().transaction().await.context("starting to apply awards")?;
+        let tx = self
+            .client_mut()
+            .transaction()
+            .await
+            .context("starting to apply awards")?;
         let mut versions = Vec::new();
         for (id, definition, enabled) in awards {
             let row = tx
@@ -54,7 +58,9 @@ impl Store {
             )
             .await
             .context("recording an award's history")?;
-            tx.execute("SELECT pg_notify($1, $2)", &[&AWARDS_CHANNEL, id]).await.context("announcing an award")?;
+            tx.execute("SELECT pg_notify($1, $2)", &[&AWARDS_CHANNEL, id])
+                .await
+                .context("announcing an award")?;
             versions.push((id.clone(), version));
         }
         for source in sources {
@@ -77,7 +83,11 @@ impl Store {
 
     /// Deletes an award (its history keeps a tombstone). False if unknown.
     pub async fn delete_award(&mut self, id: &str) -> Result<bool, StoreError> {
-        let tx = self.client_mut().transaction().await.context("starting to delete an award")?;
+        let tx = self
+            .client_mut()
+            .transaction()
+            .await
+            .context("starting to delete an award")?;
         let Some(row) = tx
             .query_opt("DELETE FROM awards WHERE id = $1 RETURNING version", &[&id])
             .await
@@ -86,10 +96,15 @@ impl Store {
             return Ok(false);
         };
         let version: i32 = row.get::<_, i32>(0) + 1;
-        tx.execute("INSERT INTO award_history (award_id, version, definition) VALUES ($1, $2, NULL)", &[&id, &version])
+        tx.execute(
+            "INSERT INTO award_history (award_id, version, definition) VALUES ($1, $2, NULL)",
+            &[&id, &version],
+        )
+        .await
+        .context("recording an award's deletion")?;
+        tx.execute("SELECT pg_notify($1, $2)", &[&AWARDS_CHANNEL, &id])
             .await
-            .context("recording an award's deletion")?;
-        tx.execute("SELECT pg_notify($1, $2)", &[&AWARDS_CHANNEL, &id]).await.context("announcing an award")?;
+            .context("announcing an award")?;
         tx.commit().await.context("committing an award deletion")?;
         Ok(true)
     }
@@ -97,7 +112,10 @@ impl Store {
     pub async fn awards(&self) -> Result<Vec<AwardRow>, StoreError> {
         let rows = self
             .client()
-            .query("SELECT id, version, definition, enabled, updated_at FROM awards ORDER BY id", &[])
+            .query(
+                "SELECT id, version, definition, enabled, updated_at FROM awards ORDER BY id",
+                &[],
+            )
             .await
             .context("listing awards")?;
         Ok(rows
@@ -118,7 +136,14 @@ impl Store {
             .query("SELECT name, topic, paused FROM sources ORDER BY name", &[])
             .await
             .context("listing sources")?;
-        Ok(rows.iter().map(|r| SourceRow { name: r.get(0), topic: r.get(1), paused: r.get(2) }).collect())
+        Ok(rows
+            .iter()
+            .map(|r| SourceRow {
+                name: r.get(0),
+                topic: r.get(1),
+                paused: r.get(2),
+            })
+            .collect())
     }
 
     /// Adds a source (or changes its topic).

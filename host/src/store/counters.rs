@@ -23,7 +23,10 @@ pub type Counters = BTreeMap<String, i64>;
 #[derive(Debug, Clone, PartialEq)]
 pub enum Effect {
     /// The content item now contributes these counters (possibly none).
-    Contribution { counters: Counters, dedup_key: Option<String> },
+    Contribution {
+        counters: Counters,
+        dedup_key: Option<String>,
+    },
     /// Add these counters once (an analytics event).
     Additive { counters: Counters },
     /// The content item no longer passes the objective's filters: it
@@ -105,7 +108,11 @@ fn counters_json(counters: &Counters) -> Value {
 fn counters_from(value: &Value) -> Counters {
     value
         .as_object()
-        .map(|map| map.iter().filter_map(|(k, v)| v.as_i64().map(|v| (k.clone(), v))).collect())
+        .map(|map| {
+            map.iter()
+                .filter_map(|(k, v)| v.as_i64().map(|v| (k.clone(), v)))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -125,7 +132,10 @@ impl Contributions {
         match unit {
             Unit::Item(content) => {
                 let key = (user.clone(), award.clone(), obj.clone(), content.clone());
-                self.items.get(&key).map(|s| s.counters.clone()).unwrap_or_default()
+                self.items
+                    .get(&key)
+                    .map(|s| s.counters.clone())
+                    .unwrap_or_default()
             }
             Unit::Group(dedup) => {
                 let key = (user.clone(), award.clone(), obj.clone(), dedup.clone());
@@ -156,7 +166,10 @@ impl Contributions {
     fn replace(&mut self, key: &ContentKey, next: Stored) -> Counters {
         let objective = (key.0.clone(), key.1.clone(), key.2.clone());
         let content = key.3.as_str();
-        let previous_unit = self.items.get(key).map(|s| Self::unit_of(content, &s.dedup_key));
+        let previous_unit = self
+            .items
+            .get(key)
+            .map(|s| Self::unit_of(content, &s.dedup_key));
         let next_unit = Self::unit_of(content, &next.dedup_key);
         let units: BTreeSet<Unit> = previous_unit.iter().cloned().chain([next_unit]).collect();
         let mut delta = Counters::new();
@@ -173,7 +186,10 @@ impl Contributions {
         }
         if let Some(new_key) = &next.dedup_key {
             let group = (key.0.clone(), key.1.clone(), key.2.clone(), new_key.clone());
-            self.groups.entry(group).or_default().insert(content.to_string());
+            self.groups
+                .entry(group)
+                .or_default()
+                .insert(content.to_string());
         }
         self.items.insert(key.clone(), next);
         self.dirty.insert(key.clone());
@@ -193,7 +209,11 @@ impl Store {
         outcomes: &[Outcome],
         log: &[LogEntry],
     ) -> Result<Applied, StoreError> {
-        let tx = self.client_mut().transaction().await.context("starting a batch")?;
+        let tx = self
+            .client_mut()
+            .transaction()
+            .await
+            .context("starting a batch")?;
 
         // Per-user locks, in one order: a user's batches apply one at a time.
         let users: BTreeSet<&str> = outcomes.iter().map(|o| o.user_id.as_str()).collect();
@@ -212,7 +232,14 @@ impl Store {
         let content_keys: BTreeSet<ContentKey> = outcomes
             .iter()
             .filter_map(|o| {
-                o.content_id.as_ref().map(|c| (o.user_id.clone(), o.award_id.clone(), o.objective_id.clone(), c.clone()))
+                o.content_id.as_ref().map(|c| {
+                    (
+                        o.user_id.clone(),
+                        o.award_id.clone(),
+                        o.objective_id.clone(),
+                        c.clone(),
+                    )
+                })
             })
             .collect();
         let (cu, ca, co, cc) = columns(&content_keys);
@@ -236,13 +263,27 @@ impl Store {
             let counters: Value = row.get(4);
             view.items.insert(
                 key,
-                Stored { counters: counters_from(&counters), dedup_key, occurred_at: row.get(6), event_id: row.get(7) },
+                Stored {
+                    counters: counters_from(&counters),
+                    dedup_key,
+                    occurred_at: row.get(6),
+                    event_id: row.get(7),
+                },
             );
         }
         // ... and every member of the de-duplication groups involved.
         for o in outcomes {
-            if let Effect::Contribution { dedup_key: Some(dedup), .. } = &o.effect {
-                group_keys.insert((o.user_id.clone(), o.award_id.clone(), o.objective_id.clone(), dedup.clone()));
+            if let Effect::Contribution {
+                dedup_key: Some(dedup),
+                ..
+            } = &o.effect
+            {
+                group_keys.insert((
+                    o.user_id.clone(),
+                    o.award_id.clone(),
+                    o.objective_id.clone(),
+                    dedup.clone(),
+                ));
             }
         }
         let (gu, ga, go, gk) = columns(&group_keys);
@@ -259,7 +300,10 @@ impl Store {
         for row in &rows {
             let key: ContentKey = (row.get(0), row.get(1), row.get(2), row.get(3));
             let dedup: String = row.get(5);
-            view.groups.entry((key.0.clone(), key.1.clone(), key.2.clone(), dedup.clone())).or_default().insert(key.3.clone());
+            view.groups
+                .entry((key.0.clone(), key.1.clone(), key.2.clone(), dedup.clone()))
+                .or_default()
+                .insert(key.3.clone());
             let counters: Value = row.get(4);
             view.items.entry(key).or_insert(Stored {
                 counters: counters_from(&counters),
@@ -293,7 +337,11 @@ impl Store {
         let mut entries: Vec<LogRow> = Vec::new();
         let mut applied = Applied::default();
         for o in outcomes {
-            let objective: ObjectiveKey = (o.user_id.clone(), o.award_id.clone(), o.objective_id.clone());
+            let objective: ObjectiveKey = (
+                o.user_id.clone(),
+                o.award_id.clone(),
+                o.objective_id.clone(),
+            );
             let delta = match (&o.effect, &o.content_id) {
                 (Effect::Additive { counters }, _) => {
                     // One event adds to every objective it reaches: the id is
@@ -311,10 +359,18 @@ impl Store {
                     nonzero(counters.clone())
                 }
                 (effect, Some(content)) => {
-                    let key = (o.user_id.clone(), o.award_id.clone(), o.objective_id.clone(), content.clone());
+                    let key = (
+                        o.user_id.clone(),
+                        o.award_id.clone(),
+                        o.objective_id.clone(),
+                        content.clone(),
+                    );
                     if let Some(stored) = view.items.get(&key) {
                         if o.occurred_at < stored.occurred_at {
-                            entries.push(LogRow::skip(o, "older than the last applied event for this content item"));
+                            entries.push(LogRow::skip(
+                                o,
+                                "older than the last applied event for this content item",
+                            ));
                             applied.unchanged += 1;
                             continue;
                         }
@@ -324,17 +380,28 @@ impl Store {
                         }
                     }
                     let (counters, dedup_key) = match effect {
-                        Effect::Contribution { counters, dedup_key } => (nonzero(counters.clone()), dedup_key.clone()),
+                        Effect::Contribution {
+                            counters,
+                            dedup_key,
+                        } => (nonzero(counters.clone()), dedup_key.clone()),
                         _ => (Counters::new(), None),
                     };
                     view.replace(
                         &key,
-                        Stored { counters, dedup_key, occurred_at: o.occurred_at, event_id: o.event_id.clone() },
+                        Stored {
+                            counters,
+                            dedup_key,
+                            occurred_at: o.occurred_at,
+                            event_id: o.event_id.clone(),
+                        },
                     )
                 }
                 (Effect::Contribution { .. } | Effect::Excluded, None) => {
                     // Ingest never builds these: a contribution needs an item.
-                    entries.push(LogRow::reject(o, "a content contribution without a content_id"));
+                    entries.push(LogRow::reject(
+                        o,
+                        "a content contribution without a content_id",
+                    ));
                     continue;
                 }
             };
@@ -348,13 +415,20 @@ impl Store {
         }
 
         // Write back: contributions, counters (new versions), applied ids, log.
-        let dirty: Vec<(&ContentKey, &Stored)> = view.dirty.iter().map(|k| (k, &view.items[k])).collect();
+        let dirty: Vec<(&ContentKey, &Stored)> =
+            view.dirty.iter().map(|k| (k, &view.items[k])).collect();
         if !dirty.is_empty() {
-            let (u, a, o, c): (Vec<&str>, Vec<&str>, Vec<&str>, Vec<&str>) = unzip4(dirty.iter().map(|(k, _)| {
-                (k.0.as_str(), k.1.as_str(), k.2.as_str(), k.3.as_str())
-            }));
-            let counters: Vec<Value> = dirty.iter().map(|(_, s)| counters_json(&s.counters)).collect();
-            let dedup: Vec<Option<&str>> = dirty.iter().map(|(_, s)| s.dedup_key.as_deref()).collect();
+            let (u, a, o, c): (Vec<&str>, Vec<&str>, Vec<&str>, Vec<&str>) = unzip4(
+                dirty
+                    .iter()
+                    .map(|(k, _)| (k.0.as_str(), k.1.as_str(), k.2.as_str(), k.3.as_str())),
+            );
+            let counters: Vec<Value> = dirty
+                .iter()
+                .map(|(_, s)| counters_json(&s.counters))
+                .collect();
+            let dedup: Vec<Option<&str>> =
+                dirty.iter().map(|(_, s)| s.dedup_key.as_deref()).collect();
             let occurred: Vec<DateTime<Utc>> = dirty.iter().map(|(_, s)| s.occurred_at).collect();
             let event: Vec<&str> = dirty.iter().map(|(_, s)| s.event_id.as_str()).collect();
             tx.execute(
@@ -368,11 +442,16 @@ impl Store {
             .await
             .context("writing contributions")?;
         }
-        let deltas: Vec<(&ObjectiveKey, Counters)> =
-            deltas.iter().map(|(k, d)| (k, nonzero(d.clone()))).filter(|(_, d)| !d.is_empty()).collect();
+        let deltas: Vec<(&ObjectiveKey, Counters)> = deltas
+            .iter()
+            .map(|(k, d)| (k, nonzero(d.clone())))
+            .filter(|(_, d)| !d.is_empty())
+            .collect();
         if !deltas.is_empty() {
-            let (u, a, o): (Vec<&str>, Vec<&str>, Vec<&str>) =
-                deltas.iter().map(|(k, _)| (k.0.as_str(), k.1.as_str(), k.2.as_str())).fold(
+            let (u, a, o): (Vec<&str>, Vec<&str>, Vec<&str>) = deltas
+                .iter()
+                .map(|(k, _)| (k.0.as_str(), k.1.as_str(), k.2.as_str()))
+                .fold(
                     (vec![], vec![], vec![]),
                     |(mut u, mut a, mut o), (x, y, z)| {
                         u.push(x);
@@ -413,13 +492,20 @@ impl Store {
     /// counters).
     pub async fn write_log(&mut self, source: &str, log: &[LogEntry]) -> Result<(), StoreError> {
         let entries: Vec<LogRow> = log.iter().map(LogRow::from_entry).collect();
-        let tx = self.client_mut().transaction().await.context("starting a log write")?;
+        let tx = self
+            .client_mut()
+            .transaction()
+            .await
+            .context("starting a log write")?;
         write_log(&tx, source, &entries).await?;
         tx.commit().await.context("committing a log write")
     }
 
     /// Which of `user_ids` are banned or deleted, with their state.
-    pub async fn excluded_users(&self, user_ids: &[&str]) -> Result<HashMap<String, String>, StoreError> {
+    pub async fn excluded_users(
+        &self,
+        user_ids: &[&str],
+    ) -> Result<HashMap<String, String>, StoreError> {
         let rows = self
             .client()
             .query(
@@ -432,18 +518,32 @@ impl Store {
     }
 
     /// A user's objective counters: (award, objective) -> counters.
-    pub async fn user_counters(&self, user_id: &str) -> Result<BTreeMap<(String, String), Counters>, StoreError> {
+    pub async fn user_counters(
+        &self,
+        user_id: &str,
+    ) -> Result<BTreeMap<(String, String), Counters>, StoreError> {
         let rows = self
             .client()
-            .query("SELECT award_id, objective_id, counters FROM user_objective WHERE user_id = $1", &[&user_id])
+            .query(
+                "SELECT award_id, objective_id, counters FROM user_objective WHERE user_id = $1",
+                &[&user_id],
+            )
             .await
             .context("reading a user's counters")?;
-        Ok(rows.iter().map(|r| ((r.get(0), r.get(1)), counters_from(&r.get::<_, Value>(2)))).collect())
+        Ok(rows
+            .iter()
+            .map(|r| ((r.get(0), r.get(1)), counters_from(&r.get::<_, Value>(2))))
+            .collect())
     }
 
     /// Deletes processing-log rows and applied-event ids older than their
     /// retention, a bounded number per call; returns how many went.
-    pub async fn prune(&self, log_days: i32, applied_days: i32, limit: i64) -> Result<u64, StoreError> {
+    pub async fn prune(
+        &self,
+        log_days: i32,
+        applied_days: i32,
+        limit: i64,
+    ) -> Result<u64, StoreError> {
         let log = self
             .client()
             .execute(
@@ -467,8 +567,13 @@ impl Store {
     }
 }
 
-fn columns(keys: &BTreeSet<(String, String, String, String)>) -> (Vec<&str>, Vec<&str>, Vec<&str>, Vec<&str>) {
-    unzip4(keys.iter().map(|k| (k.0.as_str(), k.1.as_str(), k.2.as_str(), k.3.as_str())))
+fn columns(
+    keys: &BTreeSet<(String, String, String, String)>,
+) -> (Vec<&str>, Vec<&str>, Vec<&str>, Vec<&str>) {
+    unzip4(
+        keys.iter()
+            .map(|k| (k.0.as_str(), k.1.as_str(), k.2.as_str(), k.3.as_str())),
+    )
 }
 
 fn unzip4<'a>(
@@ -496,7 +601,12 @@ struct LogRow {
 }
 
 impl LogRow {
-    fn of(o: &Outcome, outcome: &'static str, reason: Option<&str>, deltas: Option<Value>) -> LogRow {
+    fn of(
+        o: &Outcome,
+        outcome: &'static str,
+        reason: Option<&str>,
+        deltas: Option<Value>,
+    ) -> LogRow {
         LogRow {
             event_id: Some(o.event_id.clone()),
             user_id: Some(o.user_id.clone()),
@@ -535,7 +645,11 @@ impl LogRow {
     }
 }
 
-async fn write_log(tx: &tokio_postgres::Transaction<'_>, source: &str, rows: &[LogRow]) -> Result<(), StoreError> {
+async fn write_log(
+    tx: &tokio_postgres::Transaction<'_>,
+    source: &str,
+    rows: &[LogRow],
+) -> Result<(), StoreError> {
     if rows.is_empty() {
         return Ok(());
     }

@@ -6,5 +6,7 @@
 mod cases;
 mod config_errors;
 mod hostile;
+mod pipeline;
+mod pipeline_support;
 mod registry;
 mod support;

@@ -1,0 +1,252 @@
+//! A running pipeline for tests: a fresh database, the built-in library,
+//! awards, a real Kafka-protocol broker (librdkafka's mock cluster, in this
+//! process), and ingest running as in `laurel up`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use laurel::catalog::Catalog;
+use laurel::ingest::{self, IngestSettings, LocalBroker};
+use laurel::library;
+use laurel::registry::Registry;
+use laurel::store::Counters;
+use rdkafka::producer::FutureProducer;
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use crate::support::{self, TestDb};
+
+/// Counts marker events (type `test.marker`) per user on every source, so a
+/// test can wait until everything sent before a marker was processed.
+pub const MARKER_AWARD: &str = r#"{
+  "id": "test-markers", "title": "Markers",
+  "objectives": [{"id": "markers",
+    "filters": [{"name": "EventTypeFilter", "config": {"types": ["test.marker"]}}],
+    "rule": {"name": "CountRule", "config": {"counter": "markers"}},
+    "progress_counter": "markers"}],
+  "strategy": {"goal": 1000000, "strategy": [{"objective_id": "markers"}]}
+}"#;
+
+pub struct Pipeline {
+    pub db: TestDb,
+    pub broker: LocalBroker,
+    pub producer: FutureProducer,
+    pub registry: Arc<Registry>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<anyhow::Result<()>>>,
+    markers: BTreeMap<String, i64>,
+    sequence: u64,
+}
+
+pub fn settings(brokers: &str) -> IngestSettings {
+    IngestSettings {
+        batch_wait: Duration::from_millis(20),
+        session_timeout: Duration::from_secs(6),
+        ..IngestSettings::new(brokers)
+    }
+}
+
+impl Pipeline {
+    /// Starts with `awards` (JSON array text) plus the marker award, and the
+    /// given sources registered.
+    pub async fn start(awards: &str, sources: &[&str]) -> Pipeline {
+        Self::start_with(awards, sources, |s| s).await
+    }
+
+    pub async fn start_with(
+        awards: &str,
+        sources: &[&str],
+        adjust: impl FnOnce(IngestSettings) -> IngestSettings,
+    ) -> Pipeline {
+        let db = TestDb::new().await;
+        let mut store = db.store().await;
+        let runtime = support::runtime();
+        library::register(&mut store, &runtime).await.unwrap();
+        let registry = Registry::start(&db.url, runtime).await.unwrap();
+        let mut all: Vec<Value> = serde_json::from_str(awards).unwrap();
+        all.push(serde_json::from_str(MARKER_AWARD).unwrap());
+        laurel::definitions::apply(&mut store, &registry, &Value::Array(all).to_string())
+            .await
+            .unwrap();
+        for source in sources {
+            store.add_source(source, None).await.unwrap();
+        }
+        let broker = LocalBroker::start(None).await.unwrap();
+        for source in sources {
+            broker.create_topic(&format!("events.{source}"), 4).unwrap();
+            broker
+                .create_topic(&format!("events.{source}.dead"), 1)
+                .unwrap();
+        }
+        let producer = ingest::producer(broker.bootstrap_servers()).unwrap();
+        let catalog = Catalog::start(&db.url).await.unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let url = db.url.clone();
+        let ingest_settings = adjust(settings(broker.bootstrap_servers()));
+        let task = tokio::spawn(async move {
+            ingest::run(
+                ingest_settings,
+                &url,
+                registry_clone(&catalog, &url).await,
+                catalog,
+                async {
+                    let _ = stopped.await;
+                },
+            )
+            .await
+        });
+        Pipeline {
+            db,
+            broker,
+            producer,
+            registry,
+            stop: Some(stop),
+            task: Some(task),
+            markers: BTreeMap::new(),
+            sequence: 0,
+        }
+    }
+
+    /// Publishes one event (key = its user id) to `events.<source>`.
+    pub async fn send(&self, event: &Value) {
+        let source = event["source"].as_str().unwrap();
+        let user = event["user_id"].as_str().unwrap_or_default();
+        self.send_raw(source, Some(user.as_bytes()), event.to_string().as_bytes())
+            .await;
+    }
+
+    pub async fn send_raw(&self, source: &str, key: Option<&[u8]>, payload: &[u8]) {
+        ingest::publish(
+            &self.producer,
+            &format!("events.{source}"),
+            key,
+            payload,
+            &[],
+        )
+        .await
+        .unwrap();
+    }
+
+    /// Sends a marker for `user` on `source` and waits until it is counted:
+    /// everything sent before it for that user on that source is processed.
+    pub async fn settle(&mut self, source: &str, user: &str) {
+        self.sequence += 1;
+        let marker = json!({
+            "id": format!("marker-{}-{}", self.sequence, user), "source": source, "type": "test.marker",
+            "user_id": user, "authorized": true, "occurred_at": "2026-12-01T00:00:00Z", "payload": {}
+        });
+        self.send(&marker).await;
+        let expected = self.markers.entry(user.to_string()).or_insert(0);
+        *expected += 1;
+        let expected = *expected;
+        let this: &Pipeline = self;
+        this.wait_until(&format!("marker {expected} of {user}"), || async move {
+            let counters = this.counters(user).await;
+            counters
+                .get(&("test-markers".to_string(), "markers".to_string()))
+                .and_then(|c| c.get("markers"))
+                .copied()
+                == Some(expected)
+        })
+        .await;
+    }
+
+    pub async fn wait_until<F, Fut>(&self, what: &str, mut condition: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while !condition().await {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out waiting for {what}"
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// A user's counters by (award, objective), zeros left out.
+    pub async fn counters(&self, user: &str) -> BTreeMap<(String, String), Counters> {
+        let sql = self.db.sql().await;
+        let rows = sql
+            .query(
+                "SELECT award_id, objective_id, counters FROM user_objective WHERE user_id = $1",
+                &[&user],
+            )
+            .await
+            .unwrap();
+        rows.iter()
+            .map(|r| {
+                let counters: Value = r.get(2);
+                let counters: Counters = counters
+                    .as_object()
+                    .unwrap()
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.as_i64().unwrap()))
+                    .filter(|(_, v)| *v != 0)
+                    .collect();
+                ((r.get(0), r.get(1)), counters)
+            })
+            .collect()
+    }
+
+    /// One objective's counters (zeros left out).
+    pub async fn objective(&self, user: &str, award: &str, objective: &str) -> Counters {
+        self.counters(user)
+            .await
+            .remove(&(award.to_string(), objective.to_string()))
+            .unwrap_or_default()
+    }
+
+    /// Processing-log rows for a user: (event_id, outcome, reason).
+    pub async fn log(&self, user: &str) -> Vec<(Option<String>, String, Option<String>)> {
+        let sql = self.db.sql().await;
+        sql.query(
+            "SELECT event_id, outcome, reason FROM processing_log WHERE user_id = $1 AND coalesce(award_id, '') <> 'test-markers' ORDER BY id",
+            &[&user],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect()
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            task.await.unwrap().unwrap();
+        }
+        self.db.drop_database().await;
+    }
+}
+
+/// Ingest gets a registry of its own, as a separate process would.
+async fn registry_clone(_catalog: &Arc<Catalog>, url: &str) -> Arc<Registry> {
+    Registry::start(url, support::runtime()).await.unwrap()
+}
+
+/// An event of the contract's shape.
+pub fn event(
+    id: &str,
+    source: &str,
+    user: &str,
+    content: Option<(&str, &str)>,
+    tick: u32,
+    payload: Value,
+) -> Value {
+    let mut e = json!({
+        "id": id, "source": source, "type": format!("{source}.changed"), "user_id": user, "authorized": true,
+        "occurred_at": format!("2026-12-01T10:{:02}:{:02}Z", tick / 60, tick % 60), "payload": payload
+    });
+    if let Some((content_id, status)) = content {
+        e["content_id"] = content_id.into();
+        e["status"] = status.into();
+    }
+    e
+}

@@ -237,3 +237,324 @@ async fn unauthorized_and_banned_users_get_no_progress_and_the_log_says_why() {
     );
     p.stop().await;
 }
+
+const VISITS_AWARD: &str = r#"[{
+  "id": "regular", "title": "Regular",
+  "objectives": [{"id": "visits",
+    "filters": [{"name": "SourceFilter", "config": {"sources": ["bss"]}},
+                {"name": "EventTypeFilter", "config": {"types": ["app.opened"]}}],
+    "rule": {"name": "CountRule", "config": {"counter": "opened"}},
+    "progress_counter": "opened"}],
+  "strategy": {"goal": 100, "strategy": [{"objective_id": "visits"}]}
+}]"#;
+
+/// Reads `count` messages from a topic (all partitions, from the start) and
+/// returns each one's `laurel-reason` header.
+async fn dead_letters(brokers: &str, topic: &str, count: usize) -> Vec<String> {
+    use rdkafka::consumer::{Consumer, StreamConsumer};
+    use rdkafka::message::{Headers, Message};
+    let consumer: StreamConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", format!("test-reader-{topic}"))
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    consumer.subscribe(&[topic]).unwrap();
+    let mut reasons = Vec::new();
+    while reasons.len() < count {
+        let message = tokio::time::timeout(std::time::Duration::from_secs(60), consumer.recv())
+            .await
+            .unwrap_or_else(|_| panic!("only {} of {count} dead letters arrived", reasons.len()))
+            .unwrap();
+        let reason = message
+            .headers()
+            .and_then(|h| {
+                h.iter()
+                    .find(|h| h.key == "laurel-reason")
+                    .and_then(|h| h.value)
+            })
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+            .unwrap_or_default();
+        reasons.push(reason);
+    }
+    reasons
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_messages_are_dead_lettered_with_reasons_and_every_good_one_is_applied() {
+    let mut p = Pipeline::start_with(VISITS_AWARD, &["bss"], |s| laurel::ingest::IngestSettings {
+        max_event_bytes: 2048,
+        ..s
+    })
+    .await;
+    let users: Vec<String> = (0..100).map(|u| format!("u-{u}")).collect();
+    let mut sends = Vec::new();
+    let mut bad_expected = BTreeMap::new();
+    for i in 0..11_000usize {
+        let user = &users[i % users.len()];
+        let good = json!({"id": format!("ev-{i}"), "source": "bss", "type": "app.opened", "user_id": user, "authorized": true,
+                          "occurred_at": "2026-12-01T10:00:00Z", "payload": {}});
+        let (key, payload, kind): (String, Vec<u8>, &str) = if i % 11 != 10 {
+            (user.clone(), good.to_string().into_bytes(), "good")
+        } else {
+            match (i / 11) % 5 {
+                0 => (user.clone(), b"{not json".to_vec(), "malformed event"),
+                1 => {
+                    let mut e = good.clone();
+                    e.as_object_mut().unwrap().remove("occurred_at");
+                    (
+                        user.clone(),
+                        e.to_string().into_bytes(),
+                        "missing field `occurred_at`",
+                    )
+                }
+                2 => {
+                    let mut e = good.clone();
+                    e["source"] = json!("photos");
+                    (
+                        user.clone(),
+                        e.to_string().into_bytes(),
+                        "unknown source `photos`",
+                    )
+                }
+                3 => {
+                    let mut e = good.clone();
+                    e["payload"] = json!({"text": "x".repeat(3000)});
+                    (
+                        user.clone(),
+                        e.to_string().into_bytes(),
+                        "over the limit of 2048 bytes",
+                    )
+                }
+                _ => (
+                    "someone-else".to_string(),
+                    good.to_string().into_bytes(),
+                    "is not the event's user_id",
+                ),
+            }
+        };
+        if kind != "good" {
+            *bad_expected.entry(kind).or_insert(0) += 1;
+        }
+        sends.push((key, payload));
+    }
+    for chunk in sends.chunks(500) {
+        let futures = chunk.iter().map(|(key, payload)| {
+            laurel::ingest::publish(
+                &p.producer,
+                "events.bss",
+                Some(key.as_bytes()),
+                payload,
+                &[],
+            )
+        });
+        for result in futures_util::future::join_all(futures).await {
+            result.unwrap();
+        }
+    }
+    let sql = p.db.sql().await;
+    p.wait_until("10,000 good events applied", || async {
+        let row = sql
+            .query_one(
+                "SELECT coalesce(sum((counters->>'opened')::bigint), 0)::bigint FROM user_objective WHERE award_id = 'regular'",
+                &[],
+            )
+            .await
+            .unwrap();
+        row.get::<_, i64>(0) == 10_000
+    })
+    .await;
+    for user in &users {
+        assert_eq!(
+            p.objective(user, "regular", "visits").await,
+            counters(&[("opened", 100)]),
+            "{user}"
+        );
+    }
+    let reasons = dead_letters(p.broker.bootstrap_servers(), "events.bss.dead", 1000).await;
+    let mut seen = BTreeMap::new();
+    for reason in &reasons {
+        // Most specific first: a missing field is also a malformed event.
+        let kinds = [
+            "missing field `occurred_at`",
+            "unknown source `photos`",
+            "over the limit of 2048 bytes",
+            "is not the event's user_id",
+            "malformed event",
+        ];
+        let kind = kinds
+            .into_iter()
+            .find(|k| reason.contains(k))
+            .unwrap_or_else(|| panic!("unexpected reason {reason}"));
+        *seen.entry(kind).or_insert(0) += 1;
+    }
+    assert_eq!(seen, bad_expected);
+    p.wait_until("1,000 rejections logged", || async {
+        let row = sql
+            .query_one(
+                "SELECT count(*) FROM processing_log WHERE outcome = 'rejected'",
+                &[],
+            )
+            .await
+            .unwrap();
+        row.get::<_, i64>(0) == 1000
+    })
+    .await;
+    p.settle("bss", "u-0").await;
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_that_makes_a_function_trap_is_dead_lettered_and_the_stream_goes_on() {
+    let hostile_award = r#"[{
+      "id": "hostile", "title": "Hostile",
+      "objectives": [{"id": "count",
+        "filters": [{"name": "SourceFilter", "config": {"sources": ["photos"]}},
+                    {"name": "EventTypeFilter", "config": {"types": ["photos.changed", "panic"]}}],
+        "rule": {"name": "Hostile", "config": {}},
+        "progress_counter": "count"}],
+      "strategy": {"goal": 5, "strategy": [{"objective_id": "count"}]}
+    }]"#;
+    // The hostile rule is registered before the award refers to it.
+    let mut p = Pipeline::start_with_functions(
+        hostile_award,
+        &["photos"],
+        &[("Hostile", crate::support::guest_bytes("hostile_function"))],
+    )
+    .await;
+    p.send(&event(
+        "ok-1",
+        "photos",
+        "u-5",
+        Some(("photo-1", "active")),
+        1,
+        json!({}),
+    ))
+    .await;
+    let mut panic = event(
+        "bad-1",
+        "photos",
+        "u-5",
+        Some(("photo-2", "active")),
+        2,
+        json!({}),
+    );
+    panic["type"] = json!("panic");
+    p.send(&panic).await;
+    p.send(&event(
+        "ok-2",
+        "photos",
+        "u-5",
+        Some(("photo-3", "active")),
+        3,
+        json!({}),
+    ))
+    .await;
+    p.settle("photos", "u-5").await;
+    assert_eq!(
+        p.objective("u-5", "hostile", "count").await,
+        counters(&[("count", 2)])
+    );
+    let reasons = dead_letters(p.broker.bootstrap_servers(), "events.photos.dead", 1).await;
+    assert!(
+        reasons[0].starts_with("award hostile, objective count: function Hostile v1 trapped:"),
+        "{}",
+        reasons[0]
+    );
+    assert!(
+        reasons[0].contains("hostile rule panics on event bad-1"),
+        "{}",
+        reasons[0]
+    );
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_award_applied_while_running_takes_effect_without_restart() {
+    let mut p = Pipeline::start(PHOTOS_AWARD, &["photos"]).await;
+    p.send(&event(
+        "e-1",
+        "photos",
+        "u-6",
+        Some(("photo-1", "active")),
+        1,
+        json!({}),
+    ))
+    .await;
+    p.settle("photos", "u-6").await;
+    let fan = r#"{"id": "photo-fan", "title": "Photo fan",
+      "objectives": [{"id": "photos",
+        "filters": [{"name": "SourceFilter", "config": {"sources": ["photos"]}}],
+        "rule": {"name": "CountRule", "config": {"counter": "count"}},
+        "progress_counter": "count"}],
+      "strategy": {"goal": 2, "strategy": [{"objective_id": "photos"}]}}"#;
+    let mut store = p.db.store().await;
+    laurel::definitions::apply(&mut store, &p.registry, fan)
+        .await
+        .unwrap();
+    // The next events see it (within the catalog's reload).
+    p.wait_until("photo-fan counts", || async {
+        p.send(&event(
+            &format!("probe-{}", rand_id()),
+            "photos",
+            "u-6",
+            Some(("photo-2", "active")),
+            2,
+            json!({}),
+        ))
+        .await;
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        p.objective("u-6", "photo-fan", "photos").await == counters(&[("count", 1)])
+    })
+    .await;
+    p.stop().await;
+}
+
+fn rand_id() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_source_waits_and_resumes_where_it_left_off() {
+    let mut p = Pipeline::start(PHOTOS_AWARD, &["photos"]).await;
+    p.send(&event(
+        "e-1",
+        "photos",
+        "u-7",
+        Some(("photo-1", "active")),
+        1,
+        json!({}),
+    ))
+    .await;
+    p.settle("photos", "u-7").await;
+    let store = p.db.store().await;
+    assert!(store.set_source_paused("photos", true).await.unwrap());
+    // Honoured within a second; give it that.
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    p.send(&event(
+        "e-2",
+        "photos",
+        "u-7",
+        Some(("photo-2", "active")),
+        2,
+        json!({}),
+    ))
+    .await;
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    assert_eq!(
+        p.objective("u-7", "photographer", "photo").await,
+        counters(&[("approved", 1)]),
+        "nothing while paused"
+    );
+    assert!(store.set_source_paused("photos", false).await.unwrap());
+    p.settle("photos", "u-7").await;
+    assert_eq!(
+        p.objective("u-7", "photographer", "photo").await,
+        counters(&[("approved", 2)])
+    );
+    p.stop().await;
+}

@@ -60,10 +60,33 @@ impl Pipeline {
         sources: &[&str],
         adjust: impl FnOnce(IngestSettings) -> IngestSettings,
     ) -> Pipeline {
+        Self::start_full(awards, sources, &[], adjust).await
+    }
+
+    /// With extra functions pushed before the awards are applied.
+    pub async fn start_with_functions(
+        awards: &str,
+        sources: &[&str],
+        functions: &[(&str, Vec<u8>)],
+    ) -> Pipeline {
+        Self::start_full(awards, sources, functions, |s| s).await
+    }
+
+    async fn start_full(
+        awards: &str,
+        sources: &[&str],
+        functions: &[(&str, Vec<u8>)],
+        adjust: impl FnOnce(IngestSettings) -> IngestSettings,
+    ) -> Pipeline {
         let db = TestDb::new().await;
         let mut store = db.store().await;
         let runtime = support::runtime();
         library::register(&mut store, &runtime).await.unwrap();
+        for (name, bytes) in functions {
+            laurel::registry::push(&mut store, &runtime, name, bytes, None)
+                .await
+                .unwrap();
+        }
         let registry = Registry::start(&db.url, runtime).await.unwrap();
         let mut all: Vec<Value> = serde_json::from_str(awards).unwrap();
         all.push(serde_json::from_str(MARKER_AWARD).unwrap());

@@ -5,8 +5,10 @@
 
 mod cases;
 mod config_errors;
+mod definitions;
 mod hostile;
 mod pipeline;
 mod pipeline_support;
+mod processes;
 mod registry;
 mod support;

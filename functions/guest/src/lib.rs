@@ -45,15 +45,18 @@ pub mod strategy {
     });
 }
 
-pub use filter::laurel::award::types::{
-    Contribution, Counter, Event, Field, ObjectiveState, Progress, Scalar,
-};
+pub use filter::laurel::award::types::{Contribution, Counter, ObjectiveState, Progress};
 
+/// The raw WIT types of an event batch (the SDK reads them as [`Event`] views).
+pub mod wit {
+    pub use crate::filter::laurel::award::types::EventBatch;
+}
+
+mod batch;
 mod config;
-mod payload;
 
+pub use batch::{BatchBuilder, Event, Value, events};
 pub use config::parse_config;
-pub use payload::flatten_payload;
 
 /// A filter: answers only "does this event fit?".
 pub trait Filter: Sized + 'static {
@@ -64,7 +67,7 @@ pub trait Filter: Sized + 'static {
     fn sources(&self) -> Option<Vec<String>> {
         None
     }
-    fn matches(&self, event: &Event) -> bool;
+    fn matches(&self, event: &Event<'_>) -> bool;
 }
 
 /// A rule: what an event's content item contributes to the counters.
@@ -72,7 +75,7 @@ pub trait Rule: Sized + 'static {
     fn from_config(config: &str) -> Result<Self, String>;
     /// `Ok(None)`: the rule ignores this event. `Err`: the event is unusable
     /// for this rule (it is dead-lettered with this reason).
-    fn contribute(&self, event: &Event) -> Result<Option<Contribution>, String>;
+    fn contribute(&self, event: &Event<'_>) -> Result<Option<Contribution>, String>;
 }
 
 /// A strategy: objective states of one user -> award progress.
@@ -103,14 +106,13 @@ macro_rules! export_filter {
                 fn sources(&self) -> Option<Vec<String>> {
                     $crate::Filter::sources(&self.0)
                 }
-                fn matches(&self, events: Vec<$crate::Event>) -> Vec<bool> {
-                    events
-                        .iter()
-                        .map(|e| $crate::Filter::matches(&self.0, e))
+                fn matches(&self, batch: $crate::wit::EventBatch) -> Vec<bool> {
+                    $crate::events(&batch)
+                        .map(|e| $crate::Filter::matches(&self.0, &e))
                         .collect()
-                }
+        }
             }
-    $crate::filter::export_filter_world!(Component with_types_in $crate::filter);
+            $crate::filter::export_filter_world!(Component with_types_in $crate::filter);
         };
     };
 }
@@ -133,15 +135,14 @@ macro_rules! export_rule {
                 }
                 fn contribute(
                     &self,
-                    events: Vec<$crate::Event>,
+                    batch: $crate::wit::EventBatch,
                 ) -> Vec<Result<Option<$crate::Contribution>, String>> {
-                    events
-                        .iter()
-                        .map(|e| $crate::Rule::contribute(&self.0, e))
+                    $crate::events(&batch)
+                        .map(|e| $crate::Rule::contribute(&self.0, &e))
                         .collect()
-                }
+        }
             }
-    $crate::rule::export_rule_world!(Component with_types_in $crate::rule);
+            $crate::rule::export_rule_world!(Component with_types_in $crate::rule);
         };
     };
 }
@@ -181,24 +182,6 @@ macro_rules! export_strategy {
     };
 }
 
-impl Event {
-    /// The payload scalar at a JSON pointer (`/object_id`), if present.
-    pub fn field(&self, pointer: &str) -> Option<&Scalar> {
-        self.payload
-            .iter()
-            .find(|f| f.path == pointer)
-            .map(|f| &f.value)
-    }
-
-    /// The payload text at a JSON pointer, if present and a string.
-    pub fn text(&self, pointer: &str) -> Option<&str> {
-        match self.field(pointer)? {
-            Scalar::Text(text) => Some(text),
-            _ => None,
-        }
-    }
-}
-
 impl Contribution {
     /// A contribution of absolute counter values for a content item.
     pub fn absolute(counters: impl IntoIterator<Item = (String, i64)>) -> Self {
@@ -234,16 +217,14 @@ pub fn default_counted_statuses() -> Vec<String> {
     vec!["active".to_string()]
 }
 
-impl Event {
-    /// For a content item: whether its current status is one of `statuses`
-    /// (an item without a status model always counts). `None` for events
-    /// that are not about a content item (analytics).
-    pub fn content_counts(&self, statuses: &[String]) -> Option<bool> {
-        self.content_id.as_ref()?;
-        Some(
-            self.status
-                .as_ref()
-                .is_none_or(|status| statuses.contains(status)),
-        )
-    }
+/// For a content item: whether its current status is one of `statuses` (an
+/// item without a status model always counts). `None` for events that are
+/// not about a content item (analytics).
+pub fn content_counts(event: &Event<'_>, statuses: &[String]) -> Option<bool> {
+    event.content_id?;
+    Some(
+        event
+            .status
+            .is_none_or(|status| statuses.iter().any(|s| s == status)),
+    )
 }

@@ -223,8 +223,9 @@ impl ObjectivePlan {
             if passing.is_empty() {
                 break;
             }
-            let batch: Vec<Event> = passing.iter().map(|&i| events[i].clone()).collect();
-            let answers = filter.instance().matches(&batch)?;
+            let answers = filter
+                .instance()
+                .matches(passing.iter().map(|&i| &events[i]))?;
             passing = passing
                 .into_iter()
                 .zip(answers)
@@ -246,8 +247,10 @@ impl ObjectivePlan {
         if passing.is_empty() {
             return Ok(answers);
         }
-        let batch: Vec<Event> = passing.iter().map(|&i| events[i].clone()).collect();
-        let contributions = self.rule.instance().contribute(&batch)?;
+        let contributions = self
+            .rule
+            .instance()
+            .contribute(passing.iter().map(|&i| &events[i]))?;
         for (index, contribution) in passing.into_iter().zip(contributions) {
             answers[index] = match contribution {
                 Ok(Some(c)) => effect(&events[index], c),

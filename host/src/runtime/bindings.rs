@@ -25,9 +25,8 @@ pub mod strategy {
     });
 }
 
-pub use filter::laurel::award::types::{
-    Contribution, Counter, Event, Field, ObjectiveState, Progress, Scalar,
-};
+pub use filter::laurel::award::types;
+pub use filter::laurel::award::types::{Contribution, Counter, ObjectiveState, Progress};
 
 /// Export names by which a component's kind is recognised.
 pub const FILTER_EXPORT: &str = "laurel:award/filters@0.1.0";

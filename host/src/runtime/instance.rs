@@ -6,7 +6,8 @@ use std::sync::Arc;
 use wasmtime::Store;
 use wasmtime::component::ResourceAny;
 
-use super::bindings::{self, Contribution, Event, ObjectiveState, Progress};
+use super::bindings::{self, Contribution, ObjectiveState, Progress};
+use super::event::{Event, pack};
 use super::{Function, FunctionError, GuestState, MemoryLimitExceeded, Pre, TICK};
 
 /// A world's bindings: how to instantiate it and create its resource.
@@ -189,6 +190,17 @@ impl<W: World> Slot<W> {
         error
     }
 
+    fn pack<'a>(
+        &self,
+        events: impl IntoIterator<Item = &'a Event>,
+    ) -> Result<(bindings::types::EventBatch, usize), FunctionError> {
+        pack(events).ok_or_else(|| FunctionError::Input {
+            name: self.function.name.clone(),
+            version: self.function.version,
+            reason: "the batch's text is over 4 GiB: send smaller batches".to_string(),
+        })
+    }
+
     fn succeeded(&self) {
         self.function.record(&Ok(()));
     }
@@ -296,19 +308,21 @@ impl FilterInstance {
     }
 
     /// One answer per event.
-    pub fn matches(&mut self, events: &[Event]) -> Result<Vec<bool>, FunctionError> {
+    pub fn matches<'a>(
+        &mut self,
+        events: impl IntoIterator<Item = &'a Event>,
+    ) -> Result<Vec<bool>, FunctionError> {
+        let (batch, count) = self.slot.pack(events)?;
         let answers = self.slot.run(|world, store, resource| {
             world
                 .laurel_award_filters()
                 .filter()
-                .call_matches(store, resource, events)
+                .call_matches(store, resource, &batch)
         })?;
-        if answers.len() != events.len() {
-            return Err(self.slot.invalid(format!(
-                "{} answers for {} events",
-                answers.len(),
-                events.len()
-            )));
+        if answers.len() != count {
+            return Err(self
+                .slot
+                .invalid(format!("{} answers for {count} events", answers.len())));
         }
         self.slot.succeeded();
         Ok(answers)
@@ -333,22 +347,21 @@ impl RuleInstance {
 
     /// One answer per event: `Ok(None)` when the rule ignores the event,
     /// `Err(reason)` when the rule says the event is unusable.
-    pub fn contribute(
+    pub fn contribute<'a>(
         &mut self,
-        events: &[Event],
+        events: impl IntoIterator<Item = &'a Event>,
     ) -> Result<Vec<Result<Option<Contribution>, String>>, FunctionError> {
+        let (batch, count) = self.slot.pack(events)?;
         let answers = self.slot.run(|world, store, resource| {
             world
                 .laurel_award_rules()
                 .rule()
-                .call_contribute(store, resource, events)
+                .call_contribute(store, resource, &batch)
         })?;
-        if answers.len() != events.len() {
-            return Err(self.slot.invalid(format!(
-                "{} answers for {} events",
-                answers.len(),
-                events.len()
-            )));
+        if answers.len() != count {
+            return Err(self
+                .slot
+                .invalid(format!("{} answers for {count} events", answers.len())));
         }
         let limits = &self.slot.function.runtime.limits;
         let mut checked = Vec::with_capacity(answers.len());

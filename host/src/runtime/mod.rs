@@ -14,6 +14,7 @@
 
 mod bindings;
 mod cache;
+mod event;
 mod guest_output;
 mod instance;
 
@@ -30,7 +31,8 @@ use wasmtime::component::{Component, Linker, ResourceTable, types::ComponentItem
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-pub use bindings::{Contribution, Counter, Event, Field, ObjectiveState, Progress, Scalar};
+pub use bindings::{Contribution, Counter, ObjectiveState, Progress};
+pub use event::{Event, Field, Scalar};
 pub use instance::{FilterInstance, RuleInstance, StrategyInstance};
 
 use self::cache::CompileCache;
@@ -181,6 +183,12 @@ pub enum FunctionError {
         version: i32,
         reason: String,
     },
+    #[error("function {name} v{version} was not called: {reason}")]
+    Input {
+        name: String,
+        version: i32,
+        reason: String,
+    },
 }
 
 impl FunctionError {
@@ -189,7 +197,9 @@ impl FunctionError {
     fn counts_as_failure(&self) -> bool {
         !matches!(
             self,
-            FunctionError::Config { .. } | FunctionError::Quarantined { .. }
+            FunctionError::Config { .. }
+                | FunctionError::Quarantined { .. }
+                | FunctionError::Input { .. }
         )
     }
 }

@@ -22,8 +22,8 @@ impl Filter for EventTypeFilter {
         Ok(EventTypeFilter { types })
     }
 
-    fn matches(&self, event: &Event) -> bool {
-        self.types.contains(&event.type_)
+    fn matches(&self, event: &Event<'_>) -> bool {
+        self.types.iter().any(|t| t == event.type_)
     }
 }
 

@@ -8,19 +8,27 @@
 //!
 //! A missing field never matches. `min`/`max` are inclusive and need a number.
 
-use laurel_guest::{Event, Filter, Scalar, parse_config};
+use laurel_guest::{Event, Filter, Value, parse_config};
 use serde::Deserialize;
-use serde_json::Value;
+use serde_json::Value as Json;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Config {
     field: String,
-    equals: Option<Value>,
+    equals: Option<Json>,
     #[serde(rename = "in")]
-    one_of: Option<Vec<Value>>,
+    one_of: Option<Vec<Json>>,
     min: Option<f64>,
     max: Option<f64>,
+}
+
+/// A config scalar to compare payload values with.
+enum Scalar {
+    Null,
+    Boolean(bool),
+    Number(f64),
+    Text(String),
 }
 
 pub struct FieldFilter {
@@ -31,22 +39,22 @@ pub struct FieldFilter {
     max: Option<f64>,
 }
 
-fn scalar(value: Value, what: &str) -> Result<Scalar, String> {
+fn scalar(value: Json, what: &str) -> Result<Scalar, String> {
     Ok(match value {
-        Value::Null => Scalar::Null,
-        Value::Bool(b) => Scalar::Boolean(b),
-        Value::Number(n) => Scalar::Number(n.as_f64().unwrap_or(f64::NAN)),
-        Value::String(s) => Scalar::Text(s),
+        Json::Null => Scalar::Null,
+        Json::Bool(b) => Scalar::Boolean(b),
+        Json::Number(n) => Scalar::Number(n.as_f64().unwrap_or(f64::NAN)),
+        Json::String(s) => Scalar::Text(s),
         other => return Err(format!("`{what}` must be a JSON scalar, got {other}")),
     })
 }
 
-fn same(a: &Scalar, b: &Scalar) -> bool {
+fn same(a: &Value<'_>, b: &Scalar) -> bool {
     match (a, b) {
-        (Scalar::Null, Scalar::Null) => true,
-        (Scalar::Boolean(a), Scalar::Boolean(b)) => a == b,
-        (Scalar::Number(a), Scalar::Number(b)) => a == b,
-        (Scalar::Text(a), Scalar::Text(b)) => a == b,
+        (Value::Null, Scalar::Null) => true,
+        (Value::Boolean(a), Scalar::Boolean(b)) => a == b,
+        (Value::Number(a), Scalar::Number(b)) => a == b,
+        (Value::Text(a), Scalar::Text(b)) => a == b,
         _ => false,
     }
 }
@@ -95,25 +103,25 @@ impl Filter for FieldFilter {
         })
     }
 
-    fn matches(&self, event: &Event) -> bool {
+    fn matches(&self, event: &Event<'_>) -> bool {
         let Some(value) = event.field(&self.pointer) else {
             return false;
         };
         if let Some(expected) = &self.equals
-            && !same(value, expected)
+            && !same(&value, expected)
         {
             return false;
         }
         if let Some(options) = &self.one_of
-            && !options.iter().any(|o| same(value, o))
+            && !options.iter().any(|o| same(&value, o))
         {
             return false;
         }
         if self.min.is_some() || self.max.is_some() {
-            let Scalar::Number(n) = value else {
+            let Value::Number(n) = value else {
                 return false;
             };
-            if self.min.is_some_and(|min| *n < min) || self.max.is_some_and(|max| *n > max) {
+            if self.min.is_some_and(|min| n < min) || self.max.is_some_and(|max| n > max) {
                 return false;
             }
         }

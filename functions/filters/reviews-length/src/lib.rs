@@ -23,7 +23,7 @@ impl Filter for ReviewsLengthFilter {
         Ok(ReviewsLengthFilter { allowed_length })
     }
 
-    fn matches(&self, event: &Event) -> bool {
+    fn matches(&self, event: &Event<'_>) -> bool {
         let Some(text) = event.text("/text") else {
             return false;
         };

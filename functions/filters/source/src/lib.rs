@@ -26,8 +26,8 @@ impl Filter for SourceFilter {
         Some(self.sources.clone())
     }
 
-    fn matches(&self, event: &Event) -> bool {
-        self.sources.contains(&event.source)
+    fn matches(&self, event: &Event<'_>) -> bool {
+        self.sources.iter().any(|s| s == event.source)
     }
 }
 

@@ -23,11 +23,10 @@ impl Filter for StatusFilter {
         Ok(StatusFilter { statuses })
     }
 
-    fn matches(&self, event: &Event) -> bool {
+    fn matches(&self, event: &Event<'_>) -> bool {
         event
             .status
-            .as_ref()
-            .is_some_and(|status| self.statuses.contains(status))
+            .is_some_and(|status| self.statuses.iter().any(|s| s == status))
     }
 }
 

@@ -30,11 +30,11 @@ impl Rule for ContentStatusRule {
         Ok(ContentStatusRule { counters })
     }
 
-    fn contribute(&self, event: &Event) -> Result<Option<Contribution>, String> {
+    fn contribute(&self, event: &Event<'_>) -> Result<Option<Contribution>, String> {
         if event.content_id.is_none() {
             return Err("event has no content_id: ContentStatusRule needs a content item".into());
         }
-        let Some(status) = &event.status else {
+        let Some(status) = event.status else {
             return Err("event has no status: ContentStatusRule needs the content status".into());
         };
         let counter = self

@@ -2,7 +2,9 @@
 //! (1 while the item's status is in `statuses`, default `["active"]`), or,
 //! for events without a content item (analytics), adds 1 per event.
 
-use laurel_guest::{Contribution, Event, Rule, default_counted_statuses, parse_config};
+use laurel_guest::{
+    Contribution, Event, Rule, content_counts, default_counted_statuses, parse_config,
+};
 use serde::Deserialize;
 
 #[derive(Deserialize)]
@@ -26,9 +28,9 @@ impl Rule for CountRule {
         Ok(CountRule { config })
     }
 
-    fn contribute(&self, event: &Event) -> Result<Option<Contribution>, String> {
+    fn contribute(&self, event: &Event<'_>) -> Result<Option<Contribution>, String> {
         let counter = self.config.counter.clone();
-        Ok(Some(match event.content_counts(&self.config.statuses) {
+        Ok(Some(match content_counts(event, &self.config.statuses) {
             Some(true) => Contribution::absolute([(counter, 1)]),
             Some(false) => Contribution::absolute([]),
             None => Contribution::additive([(counter, 1)]),

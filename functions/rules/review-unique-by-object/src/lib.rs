@@ -3,7 +3,9 @@
 //! counter. A review counts while its status is in `statuses` (default
 //! `["active"]`).
 
-use laurel_guest::{Contribution, Event, Rule, Scalar, default_counted_statuses, parse_config};
+use laurel_guest::{
+    Contribution, Event, Rule, Value, content_counts, default_counted_statuses, parse_config,
+};
 use serde::Deserialize;
 
 #[derive(Deserialize)]
@@ -23,13 +25,13 @@ impl Rule for ReviewUniqueByObjectRule {
         Ok(ReviewUniqueByObjectRule { statuses })
     }
 
-    fn contribute(&self, event: &Event) -> Result<Option<Contribution>, String> {
-        let Some(counts) = event.content_counts(&self.statuses) else {
+    fn contribute(&self, event: &Event<'_>) -> Result<Option<Contribution>, String> {
+        let Some(counts) = content_counts(event, &self.statuses) else {
             return Err("event has no content_id: a review is a content item".into());
         };
         let object_id = match event.field("/object_id") {
-            Some(Scalar::Text(id)) if !id.is_empty() => id.clone(),
-            Some(Scalar::Number(n)) => n.to_string(),
+            Some(Value::Text(id)) if !id.is_empty() => id.to_string(),
+            Some(Value::Number(n)) => n.to_string(),
             _ => return Err("payload.object_id is missing: the reviewed object is needed".into()),
         };
         let counters = counts.then(|| ("count".to_string(), 1));

@@ -4,7 +4,9 @@
 //! item, its latest value counts while its status is in `statuses` (default
 //! `["active"]`).
 
-use laurel_guest::{Contribution, Event, Rule, Scalar, default_counted_statuses, parse_config};
+use laurel_guest::{
+    Contribution, Event, Rule, Value, content_counts, default_counted_statuses, parse_config,
+};
 use serde::Deserialize;
 
 #[derive(Deserialize)]
@@ -50,9 +52,9 @@ impl Rule for SumFieldRule {
         Ok(SumFieldRule { pointer, config })
     }
 
-    fn contribute(&self, event: &Event) -> Result<Option<Contribution>, String> {
+    fn contribute(&self, event: &Event<'_>) -> Result<Option<Contribution>, String> {
         let value = match event.field(&self.pointer) {
-            Some(Scalar::Number(n)) => *n * self.config.scale,
+            Some(Value::Number(n)) => n * self.config.scale,
             Some(_) => return Err(format!("payload field {} is not a number", self.pointer)),
             None => return Err(format!("payload field {} is missing", self.pointer)),
         };
@@ -65,7 +67,7 @@ impl Rule for SumFieldRule {
         }
         let amount = value.round() as i64;
         let counter = self.config.counter.clone();
-        Ok(Some(match event.content_counts(&self.config.statuses) {
+        Ok(Some(match content_counts(event, &self.config.statuses) {
             Some(true) => Contribution::absolute([(counter, amount)]),
             Some(false) => Contribution::absolute([]),
             None => Contribution::additive([(counter, amount)]),

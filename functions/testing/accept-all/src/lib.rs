@@ -10,7 +10,7 @@ impl Filter for AcceptAll {
         Ok(AcceptAll)
     }
 
-    fn matches(&self, _event: &Event) -> bool {
+    fn matches(&self, _event: &Event<'_>) -> bool {
         true
     }
 }

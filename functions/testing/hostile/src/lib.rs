@@ -21,8 +21,8 @@ impl Rule for Hostile {
         Ok(Hostile)
     }
 
-    fn contribute(&self, event: &Event) -> Result<Option<Contribution>, String> {
-        match event.type_.as_str() {
+    fn contribute(&self, event: &Event<'_>) -> Result<Option<Contribution>, String> {
+        match event.type_ {
             "loop" => {
                 let mut n: u64 = 0;
                 loop {

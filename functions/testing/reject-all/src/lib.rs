@@ -9,7 +9,7 @@ impl Filter for RejectAll {
         Ok(RejectAll)
     }
 
-    fn matches(&self, _event: &Event) -> bool {
+    fn matches(&self, _event: &Event<'_>) -> bool {
         false
     }
 }

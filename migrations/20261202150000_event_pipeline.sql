@@ -51,8 +51,19 @@ CREATE TABLE user_objective (
     PRIMARY KEY (user_id, award_id, objective_id)
 );
 
--- What each content item currently contributes to an objective, and the
--- last event applied to it (events older than that change nothing).
+-- The last event applied to each content item (per source): an event
+-- older than it changes nothing, the same event again changes nothing.
+CREATE TABLE content_items (
+    user_id     text        NOT NULL,
+    source      text        NOT NULL,
+    content_id  text        NOT NULL,
+    occurred_at timestamptz NOT NULL,
+    event_id    text        NOT NULL,
+    PRIMARY KEY (user_id, source, content_id)
+);
+
+-- What a content item currently contributes to an objective (only items
+-- that ever contributed something have a row).
 CREATE TABLE contributions (
     user_id      text        NOT NULL,
     award_id     text        NOT NULL,
@@ -60,7 +71,6 @@ CREATE TABLE contributions (
     content_id   text        NOT NULL,
     counters     jsonb       NOT NULL,
     dedup_key    text,
-    occurred_at  timestamptz NOT NULL,
     event_id     text        NOT NULL,
     PRIMARY KEY (user_id, award_id, objective_id, content_id)
 );
@@ -94,16 +104,3 @@ CREATE TABLE processing_log (
 );
 CREATE INDEX processing_log_user ON processing_log (user_id, id DESC);
 CREATE INDEX processing_log_time ON processing_log (logged_at);
-
--- counters + deltas, key by key (a key that reaches 0 stays, at 0).
-CREATE FUNCTION laurel_add_counters(counters jsonb, deltas jsonb) RETURNS jsonb
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT coalesce(jsonb_object_agg(key, total), '{}'::jsonb)
-    FROM (
-        SELECT key, sum(value::bigint) AS total
-        FROM (SELECT key, value FROM jsonb_each_text(counters)
-              UNION ALL
-              SELECT key, value FROM jsonb_each_text(deltas)) AS both_sides
-        GROUP BY key
-    ) AS summed
-$$;

@@ -55,8 +55,10 @@ pub struct Settings {
     #[arg(long, global = true, env = "LAUREL_KAFKA_BROKERS")]
     pub kafka_brokers: Option<String>,
 
-    /// Events per batch (one database transaction).
-    #[arg(long, global = true, env = "LAUREL_BATCH_SIZE", default_value_t = 500)]
+    /// Most events per batch (one database transaction); a batch closes
+    /// sooner when LAUREL_BATCH_WAIT_MS passes, so this only matters under
+    /// load, where larger transactions go faster.
+    #[arg(long, global = true, env = "LAUREL_BATCH_SIZE", default_value_t = 5000)]
     pub batch_size: usize,
 
     /// Longest wait to fill a batch, in milliseconds.

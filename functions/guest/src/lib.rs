@@ -110,9 +110,9 @@ macro_rules! export_filter {
                     $crate::events(&batch)
                         .map(|e| $crate::Filter::matches(&self.0, &e))
                         .collect()
-        }
+                }
             }
-            $crate::filter::export_filter_world!(Component with_types_in $crate::filter);
+    $crate::filter::export_filter_world!(Component with_types_in $crate::filter);
         };
     };
 }
@@ -140,9 +140,9 @@ macro_rules! export_rule {
                     $crate::events(&batch)
                         .map(|e| $crate::Rule::contribute(&self.0, &e))
                         .collect()
-        }
+                }
             }
-            $crate::rule::export_rule_world!(Component with_types_in $crate::rule);
+    $crate::rule::export_rule_world!(Component with_types_in $crate::rule);
         };
     };
 }

@@ -56,7 +56,7 @@ impl IngestSettings {
         IngestSettings {
             brokers: brokers.into(),
             group_prefix: "laurel".to_string(),
-            batch_size: 500,
+            batch_size: 5000,
             batch_wait: Duration::from_millis(50),
             max_event_bytes: 1 << 20,
             session_timeout: Duration::from_secs(10),
@@ -431,11 +431,13 @@ impl SourceConsumer {
         }
         let mut plan = self.plan.take().expect("planned above");
         let envelopes: Vec<Envelope> = admitted.iter().map(|(_, e)| e.clone()).collect();
+        let evaluating = std::time::Instant::now();
         let (plan, evaluation) = tokio::task::spawn_blocking(move || {
             let evaluation = plan.evaluate(&envelopes);
             (plan, evaluation)
         })
         .await?;
+        let evaluate_us = evaluating.elapsed().as_micros() as u64;
         self.plan = Some(plan);
         for rejected in &evaluation.rejected {
             dead.push((admitted[rejected.index].0, rejected.reason.clone()));
@@ -510,6 +512,7 @@ impl SourceConsumer {
 
         // One transaction; retried while the database is unreachable.
         let mut backoff = Duration::from_millis(100);
+        let applying = std::time::Instant::now();
         loop {
             match self
                 .store
@@ -517,7 +520,16 @@ impl SourceConsumer {
                 .await
             {
                 Ok(applied) => {
-                    debug!(message = "Batch applied.", source = %self.source.name, events = batch.len(), changed = applied.changed, objectives = applied.objectives);
+                    debug!(
+                        message = "Batch applied.",
+                        source = %self.source.name,
+                        events = batch.len(),
+                        outcomes = evaluation.outcomes.len(),
+                        changed = applied.changed,
+                        objectives = applied.objectives,
+                        evaluate_us,
+                        apply_us = applying.elapsed().as_micros() as u64,
+                    );
                     break;
                 }
                 Err(error) if *stop.borrow() => return Err(error.into()),

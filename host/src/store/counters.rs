@@ -79,6 +79,12 @@ type ObjectiveKey = (String, String, String); // user, award, objective
 struct Stored {
     counters: Counters,
     dedup_key: Option<String>,
+    event_id: String,
+}
+
+/// The last event applied to a content item.
+#[derive(Debug, Clone)]
+struct LastApplied {
     occurred_at: DateTime<Utc>,
     event_id: String,
 }
@@ -201,8 +207,9 @@ impl Contributions {
 }
 
 impl Store {
-    /// Applies a batch (outcomes in stream order) and its log entries in one
-    /// transaction. `source` scopes the additive events' ids.
+    /// Applies a batch (outcomes in stream order, an event's outcomes
+    /// together) and its log entries in one transaction. `source` scopes
+    /// content items and additive events' ids.
     pub async fn apply_batch(
         &mut self,
         source: &str,
@@ -227,6 +234,26 @@ impl Store {
             .context("locking users")?;
         }
 
+        // The last applied event of each content item in the batch.
+        let item_keys: BTreeSet<(&str, &str)> = outcomes
+            .iter()
+            .filter_map(|o| o.content_id.as_deref().map(|c| (o.user_id.as_str(), c)))
+            .collect();
+        let (iu, ic): (Vec<&str>, Vec<&str>) = item_keys.iter().copied().unzip();
+        let mut items: HashMap<(String, String), LastApplied> = tx
+            .query(
+                "SELECT i.user_id, i.content_id, i.occurred_at, i.event_id FROM content_items i
+                 JOIN unnest($2::text[], $3::text[]) AS k(u, c) ON i.user_id = k.u AND i.content_id = k.c
+                 WHERE i.source = $1",
+                &[&source, &iu, &ic],
+            )
+            .await
+            .context("reading content items")?
+            .iter()
+            .map(|r| ((r.get(0), r.get(1)), LastApplied { occurred_at: r.get(2), event_id: r.get(3) }))
+            .collect();
+        let mut dirty_items: BTreeSet<(String, String)> = BTreeSet::new();
+
         // The contributions of the items this batch touches ...
         let mut view = Contributions::default();
         let content_keys: BTreeSet<ContentKey> = outcomes
@@ -245,7 +272,7 @@ impl Store {
         let (cu, ca, co, cc) = columns(&content_keys);
         let rows = tx
             .query(
-                "SELECT c.user_id, c.award_id, c.objective_id, c.content_id, c.counters, c.dedup_key, c.occurred_at, c.event_id
+                "SELECT c.user_id, c.award_id, c.objective_id, c.content_id, c.counters, c.dedup_key, c.event_id
                  FROM contributions c
                  JOIN unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS k(u, a, o, c)
                    ON c.user_id = k.u AND c.award_id = k.a AND c.objective_id = k.o AND c.content_id = k.c",
@@ -266,8 +293,7 @@ impl Store {
                 Stored {
                     counters: counters_from(&counters),
                     dedup_key,
-                    occurred_at: row.get(6),
-                    event_id: row.get(7),
+                    event_id: row.get(6),
                 },
             );
         }
@@ -286,31 +312,32 @@ impl Store {
                 ));
             }
         }
-        let (gu, ga, go, gk) = columns(&group_keys);
-        let rows = tx
-            .query(
-                "SELECT c.user_id, c.award_id, c.objective_id, c.content_id, c.counters, c.dedup_key, c.occurred_at, c.event_id
-                 FROM contributions c
-                 JOIN unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS k(u, a, o, d)
-                   ON c.user_id = k.u AND c.award_id = k.a AND c.objective_id = k.o AND c.dedup_key = k.d",
-                &[&gu, &ga, &go, &gk],
-            )
-            .await
-            .context("reading de-duplication groups")?;
-        for row in &rows {
-            let key: ContentKey = (row.get(0), row.get(1), row.get(2), row.get(3));
-            let dedup: String = row.get(5);
-            view.groups
-                .entry((key.0.clone(), key.1.clone(), key.2.clone(), dedup.clone()))
-                .or_default()
-                .insert(key.3.clone());
-            let counters: Value = row.get(4);
-            view.items.entry(key).or_insert(Stored {
-                counters: counters_from(&counters),
-                dedup_key: Some(dedup),
-                occurred_at: row.get(6),
-                event_id: row.get(7),
-            });
+        if !group_keys.is_empty() {
+            let (gu, ga, go, gk) = columns(&group_keys);
+            let rows = tx
+                .query(
+                    "SELECT c.user_id, c.award_id, c.objective_id, c.content_id, c.counters, c.dedup_key, c.event_id
+                     FROM contributions c
+                     JOIN unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS k(u, a, o, d)
+                       ON c.user_id = k.u AND c.award_id = k.a AND c.objective_id = k.o AND c.dedup_key = k.d",
+                    &[&gu, &ga, &go, &gk],
+                )
+                .await
+                .context("reading de-duplication groups")?;
+            for row in &rows {
+                let key: ContentKey = (row.get(0), row.get(1), row.get(2), row.get(3));
+                let dedup: String = row.get(5);
+                view.groups
+                    .entry((key.0.clone(), key.1.clone(), key.2.clone(), dedup.clone()))
+                    .or_default()
+                    .insert(key.3.clone());
+                let counters: Value = row.get(4);
+                view.items.entry(key).or_insert(Stored {
+                    counters: counters_from(&counters),
+                    dedup_key: Some(dedup),
+                    event_id: row.get(6),
+                });
+            }
         }
 
         // Additive events already applied (re-delivery adds nothing).
@@ -319,8 +346,10 @@ impl Store {
             .filter(|o| matches!(o.effect, Effect::Additive { .. }))
             .map(|o| o.event_id.as_str())
             .collect();
-        let seen_additive: HashSet<String> = tx
-            .query(
+        let seen_additive: HashSet<String> = if additive_ids.is_empty() {
+            HashSet::new()
+        } else {
+            tx.query(
                 "SELECT event_id FROM applied_events WHERE source = $1 AND event_id = ANY($2)",
                 &[&source, &additive_ids],
             )
@@ -328,97 +357,152 @@ impl Store {
             .context("reading applied events")?
             .iter()
             .map(|r| r.get(0))
-            .collect();
+            .collect()
+        };
         let mut newly_applied: Vec<String> = Vec::new();
         let mut added_here: HashSet<(&str, &str, &str)> = HashSet::new();
 
-        // Events in stream order.
+        // Events in stream order; an event's outcomes are adjacent.
         let mut deltas: BTreeMap<ObjectiveKey, Counters> = BTreeMap::new();
         let mut entries: Vec<LogRow> = Vec::new();
         let mut applied = Applied::default();
-        for o in outcomes {
-            let objective: ObjectiveKey = (
-                o.user_id.clone(),
-                o.award_id.clone(),
-                o.objective_id.clone(),
-            );
-            let delta = match (&o.effect, &o.content_id) {
-                (Effect::Additive { counters }, _) => {
-                    // One event adds to every objective it reaches: the id is
-                    // marked once the whole batch is through.
-                    if seen_additive.contains(&o.event_id)
-                        || !added_here.insert((&o.event_id, &o.award_id, &o.objective_id))
-                    {
-                        entries.push(LogRow::skip(o, "event already applied"));
-                        applied.unchanged += 1;
+        let mut index = 0;
+        while index < outcomes.len() {
+            let first = &outcomes[index];
+            let end = index
+                + outcomes[index..]
+                    .iter()
+                    .take_while(|o| o.event_id == first.event_id && o.user_id == first.user_id)
+                    .count();
+            let event = &outcomes[index..end];
+            index = end;
+
+            // A content item's events apply in time order, each once.
+            if let Some(content) = &first.content_id {
+                let item = (first.user_id.clone(), content.clone());
+                if let Some(last) = items.get(&item) {
+                    if first.occurred_at < last.occurred_at {
+                        entries.push(LogRow::skip(
+                            first,
+                            "older than the last applied event for this content item",
+                        ));
+                        applied.unchanged += event.len();
                         continue;
                     }
-                    if !newly_applied.contains(&o.event_id) {
-                        newly_applied.push(o.event_id.clone());
+                    if first.occurred_at == last.occurred_at && first.event_id == last.event_id {
+                        applied.unchanged += event.len();
+                        continue;
                     }
-                    nonzero(counters.clone())
                 }
-                (effect, Some(content)) => {
-                    let key = (
-                        o.user_id.clone(),
-                        o.award_id.clone(),
-                        o.objective_id.clone(),
-                        content.clone(),
-                    );
-                    if let Some(stored) = view.items.get(&key) {
-                        if o.occurred_at < stored.occurred_at {
-                            entries.push(LogRow::skip(
-                                o,
-                                "older than the last applied event for this content item",
-                            ));
+                items.insert(
+                    item.clone(),
+                    LastApplied {
+                        occurred_at: first.occurred_at,
+                        event_id: first.event_id.clone(),
+                    },
+                );
+                dirty_items.insert(item);
+            }
+
+            for o in event {
+                let objective: ObjectiveKey = (
+                    o.user_id.clone(),
+                    o.award_id.clone(),
+                    o.objective_id.clone(),
+                );
+                let delta = match (&o.effect, &o.content_id) {
+                    (Effect::Additive { counters }, _) => {
+                        // One event adds to every objective it reaches: its
+                        // id is recorded once for the batch.
+                        if seen_additive.contains(&o.event_id)
+                            || !added_here.insert((&o.event_id, &o.award_id, &o.objective_id))
+                        {
+                            entries.push(LogRow::skip(o, "event already applied"));
                             applied.unchanged += 1;
                             continue;
                         }
-                        if o.occurred_at == stored.occurred_at && o.event_id == stored.event_id {
+                        if !newly_applied.contains(&o.event_id) {
+                            newly_applied.push(o.event_id.clone());
+                        }
+                        nonzero(counters.clone())
+                    }
+                    (effect, Some(content)) => {
+                        let key = (
+                            o.user_id.clone(),
+                            o.award_id.clone(),
+                            o.objective_id.clone(),
+                            content.clone(),
+                        );
+                        let (counters, dedup_key) = match effect {
+                            Effect::Contribution {
+                                counters,
+                                dedup_key,
+                            } => (nonzero(counters.clone()), dedup_key.clone()),
+                            _ => (Counters::new(), None),
+                        };
+                        // An item that never contributed and still doesn't
+                        // needs no row.
+                        if counters.is_empty()
+                            && dedup_key.is_none()
+                            && !view.items.contains_key(&key)
+                        {
                             applied.unchanged += 1;
                             continue;
                         }
+                        view.replace(
+                            &key,
+                            Stored {
+                                counters,
+                                dedup_key,
+                                event_id: o.event_id.clone(),
+                            },
+                        )
                     }
-                    let (counters, dedup_key) = match effect {
-                        Effect::Contribution {
-                            counters,
-                            dedup_key,
-                        } => (nonzero(counters.clone()), dedup_key.clone()),
-                        _ => (Counters::new(), None),
-                    };
-                    view.replace(
-                        &key,
-                        Stored {
-                            counters,
-                            dedup_key,
-                            occurred_at: o.occurred_at,
-                            event_id: o.event_id.clone(),
-                        },
-                    )
-                }
-                (Effect::Contribution { .. } | Effect::Excluded, None) => {
-                    // Ingest never builds these: a contribution needs an item.
-                    entries.push(LogRow::reject(
-                        o,
-                        "a content contribution without a content_id",
-                    ));
+                    (Effect::Contribution { .. } | Effect::Excluded, None) => {
+                        // Ingest never builds these: a contribution needs an item.
+                        entries.push(LogRow::reject(
+                            o,
+                            "a content contribution without a content_id",
+                        ));
+                        continue;
+                    }
+                };
+                if delta.is_empty() {
+                    applied.unchanged += 1;
                     continue;
                 }
-            };
-            if delta.is_empty() {
-                applied.unchanged += 1;
-                continue;
+                applied.changed += 1;
+                entries.push(LogRow::applied(o, &delta));
+                add(deltas.entry(objective).or_default(), &delta, 1);
             }
-            applied.changed += 1;
-            entries.push(LogRow::applied(o, &delta));
-            add(deltas.entry(objective).or_default(), &delta, 1);
         }
 
-        // Write back: contributions, counters (new versions), applied ids, log.
+        // Write back: items, contributions, counters (new versions), applied
+        // ids, log.
+        if !dirty_items.is_empty() {
+            let (u, c): (Vec<&str>, Vec<&str>) = dirty_items
+                .iter()
+                .map(|(u, c)| (u.as_str(), c.as_str()))
+                .unzip();
+            let at: Vec<DateTime<Utc>> = dirty_items.iter().map(|k| items[k].occurred_at).collect();
+            let event: Vec<&str> = dirty_items
+                .iter()
+                .map(|k| items[k].event_id.as_str())
+                .collect();
+            tx.execute(
+                "INSERT INTO content_items (user_id, source, content_id, occurred_at, event_id)
+                 SELECT u, $1, c, t, e FROM unnest($2::text[], $3::text[], $4::timestamptz[], $5::text[]) AS k(u, c, t, e)
+                 ON CONFLICT (user_id, source, content_id) DO UPDATE SET
+                     occurred_at = EXCLUDED.occurred_at, event_id = EXCLUDED.event_id",
+                &[&source, &u, &c, &at, &event],
+            )
+            .await
+            .context("writing content items")?;
+        }
         let dirty: Vec<(&ContentKey, &Stored)> =
             view.dirty.iter().map(|k| (k, &view.items[k])).collect();
         if !dirty.is_empty() {
-            let (u, a, o, c): (Vec<&str>, Vec<&str>, Vec<&str>, Vec<&str>) = unzip4(
+            let (u, a, o, c) = unzip4(
                 dirty
                     .iter()
                     .map(|(k, _)| (k.0.as_str(), k.1.as_str(), k.2.as_str(), k.3.as_str())),
@@ -429,15 +513,13 @@ impl Store {
                 .collect();
             let dedup: Vec<Option<&str>> =
                 dirty.iter().map(|(_, s)| s.dedup_key.as_deref()).collect();
-            let occurred: Vec<DateTime<Utc>> = dirty.iter().map(|(_, s)| s.occurred_at).collect();
             let event: Vec<&str> = dirty.iter().map(|(_, s)| s.event_id.as_str()).collect();
             tx.execute(
-                "INSERT INTO contributions (user_id, award_id, objective_id, content_id, counters, dedup_key, occurred_at, event_id)
-                 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::jsonb[], $6::text[], $7::timestamptz[], $8::text[])
+                "INSERT INTO contributions (user_id, award_id, objective_id, content_id, counters, dedup_key, event_id)
+                 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::jsonb[], $6::text[], $7::text[])
                  ON CONFLICT (user_id, award_id, objective_id, content_id) DO UPDATE SET
-                     counters = EXCLUDED.counters, dedup_key = EXCLUDED.dedup_key,
-                     occurred_at = EXCLUDED.occurred_at, event_id = EXCLUDED.event_id",
-                &[&u, &a, &o, &c, &counters, &dedup, &occurred, &event],
+                     counters = EXCLUDED.counters, dedup_key = EXCLUDED.dedup_key, event_id = EXCLUDED.event_id",
+                &[&u, &a, &o, &c, &counters, &dedup, &event],
             )
             .await
             .context("writing contributions")?;
@@ -448,27 +530,44 @@ impl Store {
             .filter(|(_, d)| !d.is_empty())
             .collect();
         if !deltas.is_empty() {
-            let (u, a, o): (Vec<&str>, Vec<&str>, Vec<&str>) = deltas
-                .iter()
-                .map(|(k, _)| (k.0.as_str(), k.1.as_str(), k.2.as_str()))
-                .fold(
-                    (vec![], vec![], vec![]),
-                    |(mut u, mut a, mut o), (x, y, z)| {
-                        u.push(x);
-                        a.push(y);
-                        o.push(z);
+            // Current counters, plus the deltas, written back whole: the
+            // per-user locks make this read-modify-write safe.
+            let (u, a, o): (Vec<&str>, Vec<&str>, Vec<&str>) =
+                deltas
+                    .iter()
+                    .fold((vec![], vec![], vec![]), |(mut u, mut a, mut o), (k, _)| {
+                        u.push(k.0.as_str());
+                        a.push(k.1.as_str());
+                        o.push(k.2.as_str());
                         (u, a, o)
-                    },
-                );
-            let d: Vec<Value> = deltas.iter().map(|(_, d)| counters_json(d)).collect();
+                    });
+            let current: HashMap<ObjectiveKey, Counters> = tx
+                .query(
+                    "SELECT uo.user_id, uo.award_id, uo.objective_id, uo.counters FROM user_objective uo
+                     JOIN unnest($1::text[], $2::text[], $3::text[]) AS k(u, a, o)
+                       ON uo.user_id = k.u AND uo.award_id = k.a AND uo.objective_id = k.o",
+                    &[&u, &a, &o],
+                )
+                .await
+                .context("reading objective counters")?
+                .iter()
+                .map(|r| ((r.get(0), r.get(1), r.get(2)), counters_from(&r.get::<_, Value>(3))))
+                .collect();
+            let totals: Vec<Value> = deltas
+                .iter()
+                .map(|(k, d)| {
+                    let mut total = current.get(*k).cloned().unwrap_or_default();
+                    add(&mut total, d, 1);
+                    counters_json(&total)
+                })
+                .collect();
             tx.execute(
                 "INSERT INTO user_objective (user_id, award_id, objective_id, counters, version)
-                 SELECT u, a, o, laurel_add_counters('{}', d), nextval('laurel_version')
-                 FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[]) AS k(u, a, o, d)
+                 SELECT u, a, o, c, nextval('laurel_version')
+                 FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[]) AS k(u, a, o, c)
                  ON CONFLICT (user_id, award_id, objective_id) DO UPDATE SET
-                     counters = laurel_add_counters(user_objective.counters, EXCLUDED.counters),
-                     version = EXCLUDED.version, updated_at = now()",
-                &[&u, &a, &o, &d],
+                     counters = EXCLUDED.counters, version = EXCLUDED.version, updated_at = now()",
+                &[&u, &a, &o, &totals],
             )
             .await
             .context("updating objective counters")?;

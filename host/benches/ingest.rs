@@ -1,0 +1,263 @@
+//! Benchmark: events/s from Kafka to committed counters, 5 sources x 10
+//! awards x 2 objectives, on this machine with the broker (librdkafka's mock
+//! cluster, in process) and PostgreSQL on the same box. The baseline,
+//! measured in the same run: PostgreSQL's rate of batched UNNEST upserts
+//! (500 rows per transaction) of the same shape as the counters.
+//!
+//! cargo bench -p laurel --bench ingest            (LAUREL_BENCH_EVENTS=100000)
+//!
+//! Uses the database `laurel_bench_ingest` on 127.0.0.1 (dropped and made
+//! anew each run; LAUREL_BENCH_SERVER_URL to change the server).
+
+use std::time::{Duration, Instant};
+
+use laurel::catalog::Catalog;
+use laurel::ingest::{self, IngestSettings, LocalBroker};
+use laurel::registry::Registry;
+use laurel::runtime::{Limits, Runtime};
+use laurel::store::Store;
+use serde_json::json;
+
+const SOURCES: [&str; 5] = ["photos", "reviews", "feedback", "checkins", "bss"];
+
+fn awards() -> String {
+    let mut awards = Vec::new();
+    for a in 0..10 {
+        let content_source = SOURCES[a % 5];
+        let other_source = SOURCES[(a + 1) % 5];
+        awards.push(json!({
+            "id": format!("award-{a}"), "title": format!("Award {a}"),
+            "objectives": [
+                {"id": "content",
+                 "filters": [{"name": "SourceFilter", "config": {"sources": [content_source]}},
+                             {"name": "StatusFilter", "config": {"statuses": ["active", "moderation", "blocked"]}}],
+                 "rule": {"name": "ContentStatusRule", "config": {"counters": {"active": "approved", "moderation": "on_moderation", "blocked": "blocked"}}},
+                 "progress_counter": "approved"},
+                {"id": "usage",
+                 "filters": [{"name": "SourceFilter", "config": {"sources": [other_source]}},
+                             {"name": "EventTypeFilter", "config": {"types": ["app.used"]}}],
+                 "rule": {"name": "CountRule", "config": {"counter": "uses"}},
+                 "progress_counter": "uses"}],
+            "strategy": {"goal": 10, "strategy": [{"objective_id": "content"}, {"objective_id": "usage"}]}
+        }));
+    }
+    serde_json::Value::Array(awards).to_string()
+}
+
+fn events(count: usize) -> Vec<(String, String, String)> {
+    let statuses = ["moderation", "active", "blocked", "deleted"];
+    (0..count)
+        .map(|i| {
+            let source = SOURCES[i % 5];
+            let user = format!("user-{}", (i * 7919) % 10_000);
+            let value = if i % 10 < 7 {
+                json!({"id": format!("e-{i}"), "source": source, "type": "content.changed", "user_id": user,
+                       "authorized": true, "content_id": format!("c-{}", (i / 5) % 30_000), "status": statuses[(i / 3) % 4],
+                       "occurred_at": chrono::DateTime::from_timestamp(1_796_000_000 + i as i64, 0).unwrap().to_rfc3339(),
+                       "payload": {"object_id": format!("o-{}", i % 500)}})
+            } else {
+                json!({"id": format!("e-{i}"), "source": source, "type": "app.used", "user_id": user, "authorized": true,
+                       "occurred_at": "2026-12-01T10:00:00Z", "payload": {"screen": "map"}})
+            };
+            (format!("events.{source}"), user, value.to_string())
+        })
+        .collect()
+}
+
+async fn sql(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
+}
+
+/// Rows/s of 500-row UNNEST upserts (jsonb counters, a sequence-drawn
+/// version), the shape of Laurel's user_objective writes.
+async fn baseline(url: &str, rows: usize) -> f64 {
+    let client = sql(url).await;
+    client
+        .batch_execute(
+            "DROP TABLE IF EXISTS baseline_upsert; DROP SEQUENCE IF EXISTS baseline_version;
+             CREATE SEQUENCE baseline_version;
+             CREATE TABLE baseline_upsert (user_id text, award_id text, objective_id text, counters jsonb, version bigint,
+                                           PRIMARY KEY (user_id, award_id, objective_id))",
+        )
+        .await
+        .unwrap();
+    let started = Instant::now();
+    for chunk in (0..rows).collect::<Vec<_>>().chunks(500) {
+        let users: Vec<String> = chunk
+            .iter()
+            .map(|i| format!("user-{}", i % 10_000))
+            .collect();
+        let awards: Vec<String> = chunk
+            .iter()
+            .map(|i| format!("award-{}", (i / 10_000) % 10))
+            .collect();
+        let objectives: Vec<&str> = chunk.iter().map(|_| "content").collect();
+        let counters: Vec<serde_json::Value> =
+            chunk.iter().map(|_| json!({"approved": 1})).collect();
+        // Keys must be unique within one statement.
+        let mut keyed: Vec<_> = users
+            .iter()
+            .zip(&awards)
+            .zip(&objectives)
+            .zip(&counters)
+            .collect();
+        keyed.sort_by(|a, b| (a.0.0.0, a.0.0.1).cmp(&(b.0.0.0, b.0.0.1)));
+        keyed.dedup_by(|a, b| (a.0.0.0, a.0.0.1) == (b.0.0.0, b.0.0.1));
+        let (u, a, o, c): (
+            Vec<&String>,
+            Vec<&String>,
+            Vec<&&str>,
+            Vec<&serde_json::Value>,
+        ) = keyed.into_iter().fold(
+            (vec![], vec![], vec![], vec![]),
+            |(mut u, mut a, mut o, mut c), (((x, y), z), w)| {
+                u.push(x);
+                a.push(y);
+                o.push(z);
+                c.push(w);
+                (u, a, o, c)
+            },
+        );
+        client
+            .execute(
+                "INSERT INTO baseline_upsert SELECT u, a, o, c, nextval('baseline_version')
+                 FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[]) AS k(u, a, o, c)
+                 ON CONFLICT (user_id, award_id, objective_id) DO UPDATE SET
+                     counters = EXCLUDED.counters, version = EXCLUDED.version",
+                &[&u, &a, &o, &c],
+            )
+            .await
+            .unwrap();
+    }
+    rows as f64 / started.elapsed().as_secs_f64()
+}
+
+fn main() {
+    if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_env("LAUREL_LOG") {
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .init();
+    }
+    let count: usize = std::env::var("LAUREL_BENCH_EVENTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000);
+    let server = std::env::var("LAUREL_BENCH_SERVER_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into());
+    let url = format!("{server}/laurel_bench_ingest");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let admin = sql(&format!("{server}/postgres")).await;
+        admin.batch_execute("DROP DATABASE IF EXISTS laurel_bench_ingest WITH (FORCE)").await.unwrap();
+        let mut store = Store::connect(&url).await.unwrap();
+        store.migrate().await.unwrap();
+        let runtime = Runtime::new(Limits::default(), None).unwrap();
+        laurel::library::register(&mut store, &runtime).await.unwrap();
+        let registry = Registry::start(&url, runtime).await.unwrap();
+        laurel::definitions::apply(&mut store, &registry, &awards()).await.unwrap();
+
+        let broker = LocalBroker::start(None).await.unwrap();
+        for source in SOURCES {
+            broker.create_topic(&format!("events.{source}"), 4).unwrap();
+        }
+        let producer = ingest::producer(broker.bootstrap_servers()).unwrap();
+        let all = events(count);
+        let produced = Instant::now();
+        for chunk in all.chunks(2000) {
+            let sends = chunk.iter().map(|(t, k, v)| ingest::publish(&producer, t, Some(k.as_bytes()), v.as_bytes(), &[]));
+            for result in futures_util::future::join_all(sends).await {
+                result.unwrap();
+            }
+        }
+        println!("Produced {count} events in {:.1} s", produced.elapsed().as_secs_f64());
+
+        let rows_per_s = baseline(&url, count).await;
+
+        let catalog = Catalog::start(&url).await.unwrap();
+        let batch_size = std::env::var("LAUREL_BATCH_SIZE").ok().and_then(|v| v.parse().ok()).unwrap_or(5000);
+        let settings = IngestSettings {
+            session_timeout: Duration::from_secs(6),
+            batch_size,
+            ..IngestSettings::new(broker.bootstrap_servers())
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let ingest_url = url.clone();
+        let task = tokio::spawn(async move {
+            ingest::run(settings, &ingest_url, registry, catalog, async {
+                let _ = stopped.await;
+            })
+            .await
+        });
+        // Progress is measured from the first applied batch (group joins on
+        // the mock broker take seconds and are not throughput).
+        let client = sql(&url).await;
+        loop {
+            let row = client.query_one("SELECT count(*) FROM user_objective", &[]).await.unwrap();
+            if row.get::<_, i64>(0) > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let started = Instant::now();
+        // Done when every partition's committed offset reached its end.
+        let done = wait_committed(broker.bootstrap_servers(), count).await;
+        let elapsed = started.elapsed().as_secs_f64();
+        let events_per_s = (count as f64) / elapsed;
+        println!("Baseline: PostgreSQL UNNEST upserts, 500 rows per transaction: {rows_per_s:>8.0} rows/s");
+        println!(
+            "Laurel:   Kafka -> Wasm filters and rules -> committed counters:  {events_per_s:>8.0} events/s ({count} events in {elapsed:.2} s{})",
+            if done { "" } else { ", NOT all committed" }
+        );
+        println!("Ratio: {:.2} events per baseline row", events_per_s / rows_per_s);
+        let _ = stop.send(());
+        task.await.unwrap().unwrap();
+    });
+}
+
+/// Waits until the consumer groups' committed offsets cover every message.
+async fn wait_committed(brokers: &str, count: usize) -> bool {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let consumers: Vec<(BaseConsumer, rdkafka::TopicPartitionList)> = SOURCES
+        .iter()
+        .map(|source| {
+            let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+                .set("bootstrap.servers", brokers)
+                .set("group.id", format!("laurel.{source}"))
+                .create()
+                .unwrap();
+            let mut tpl = rdkafka::TopicPartitionList::new();
+            for partition in 0..4 {
+                tpl.add_partition(&format!("events.{source}"), partition);
+            }
+            (consumer, tpl)
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        let mut committed = 0i64;
+        for (consumer, tpl) in &consumers {
+            if let Ok(offsets) = consumer.committed_offsets(tpl.clone(), Duration::from_secs(5)) {
+                for element in offsets.elements() {
+                    if let rdkafka::Offset::Offset(o) = element.offset() {
+                        committed += o;
+                    }
+                }
+            }
+        }
+        if committed as usize >= count {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -345,10 +345,12 @@ pub async fn up(
     prepare(settings, &runtime).await?;
     let registry = Registry::start(&settings.database_url, runtime).await?;
     print_functions(&registry);
-    let (brokers, _broker) = match &settings.kafka_brokers {
+    // The local broker lives as long as this function.
+    let (brokers, local_broker) = match &settings.kafka_brokers {
         Some(brokers) => (brokers.clone(), None),
         None => {
             let broker = LocalBroker::start(None).await?;
+            create_source_topics(&broker, &settings.database_url).await?;
             println!(
                 "Kafka broker (in process, librdkafka mock cluster): {}",
                 broker.bootstrap_servers()
@@ -367,6 +369,9 @@ pub async fn up(
         for (id, version) in applied {
             println!("Demo award {id} v{version} applied.");
         }
+        if let Some(broker) = &local_broker {
+            create_source_topics(broker, &settings.database_url).await?;
+        }
         let brokers = brokers.clone();
         let database_url = settings.database_url.clone();
         tokio::spawn(async move {
@@ -383,6 +388,17 @@ pub async fn up(
         shutdown,
     )
     .await
+}
+
+/// Creates `events.<source>` and its dead-letter topic on the local broker
+/// for every registered source, so consumers find them at once.
+async fn create_source_topics(broker: &LocalBroker, database_url: &str) -> anyhow::Result<()> {
+    let store = Store::connect(database_url).await?;
+    for source in store.sources().await? {
+        broker.create_topic(&source.topic, 4)?;
+        broker.create_topic(&format!("events.{}.dead", source.name), 1)?;
+    }
+    Ok(())
 }
 
 /// `laurel serve --roles ...`.

@@ -215,6 +215,8 @@ impl SourceConsumer {
             .set("heartbeat.interval.ms", (session_ms / 4).to_string())
             .set("allow.auto.create.topics", "true")
             .set("fetch.wait.max.ms", "20")
+            // A topic that appears after the consumer starts is seen soon.
+            .set("topic.metadata.refresh.interval.ms", "2000")
             .create_with_context(SourceContext {
                 paused: paused.clone(),
             })
@@ -241,6 +243,7 @@ impl SourceConsumer {
     }
 
     async fn run(&mut self, mut stop: watch::Receiver<bool>) {
+        let mut last_error: Option<String> = None;
         loop {
             if *stop.borrow() {
                 break;
@@ -252,9 +255,18 @@ impl SourceConsumer {
                 _ = tokio::time::sleep(Duration::from_millis(250)) => continue,
             };
             let first = match first {
-                Ok(message) => message.detach(),
+                Ok(message) => {
+                    last_error = None;
+                    message.detach()
+                }
                 Err(error) => {
-                    warn!(message = "Kafka error while consuming.", source = %self.source.name, %error);
+                    // Said once, not every poll: a missing topic (nothing
+                    // produced yet) can last.
+                    let text = error.to_string();
+                    if last_error.as_ref() != Some(&text) {
+                        warn!(message = "Kafka error while consuming; retrying.", source = %self.source.name, error = %text);
+                        last_error = Some(text);
+                    }
                     tokio::time::sleep(Duration::from_millis(200)).await;
                     continue;
                 }

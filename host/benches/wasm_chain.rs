@@ -242,16 +242,24 @@ fn main() {
 }
 
 /// Push -> the running registry serves the new version, over a real
-/// PostgreSQL (LAUREL_BENCH_DATABASE_URL, default a `laurel_bench` database
-/// on loopback). Skipped, and said so, when no database answers.
+/// PostgreSQL: the database `laurel_bench_swap`, made anew each run on the
+/// server at LAUREL_BENCH_SERVER_URL (default loopback). Skipped, and said
+/// so, when no server answers.
 fn hot_swap(runtime: &Runtime) {
-    let url = std::env::var("LAUREL_BENCH_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/laurel_bench".into());
+    let server = std::env::var("LAUREL_BENCH_SERVER_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into());
+    let url = format!("{server}/laurel_bench_swap");
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .unwrap();
     rt.block_on(async {
+        if let Ok((admin, connection)) =
+            tokio_postgres::connect(&format!("{server}/postgres"), tokio_postgres::NoTls).await
+        {
+            tokio::spawn(connection);
+            let _ = admin.batch_execute("DROP DATABASE IF EXISTS laurel_bench_swap WITH (FORCE)").await;
+        }
         let Ok(mut store) = laurel::store::Store::connect(&url).await else {
             println!("Hot swap: skipped (no database at {url})");
             return;

@@ -65,6 +65,11 @@ enum Command {
         #[command(subcommand)]
         command: SourcesCommand,
     },
+    /// Users who get no awards.
+    Users {
+        #[command(subcommand)]
+        command: UsersCommand,
+    },
     /// Development helpers.
     Dev {
         #[command(subcommand)]
@@ -113,6 +118,16 @@ enum SourcesCommand {
     Pause { name: String },
     /// Consume a paused source again.
     Resume { name: String },
+}
+
+#[derive(Debug, Subcommand)]
+enum UsersCommand {
+    /// A banned user's events are skipped (logged).
+    Ban { user_id: String },
+    /// A deleted user's events are skipped (logged).
+    Delete { user_id: String },
+    /// The user gets progress again (from new events on).
+    Restore { user_id: String },
 }
 
 #[derive(Debug, Subcommand)]
@@ -175,6 +190,18 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Functions { command } => functions(&settings, command).await,
         Command::Awards { command } => awards(&settings, command).await,
         Command::Sources { command } => sources(&settings, command).await,
+        Command::Users { command } => {
+            let mut store = Store::connect(&settings.database_url).await?;
+            store.migrate().await?;
+            let (user, state) = match &command {
+                UsersCommand::Ban { user_id } => (user_id, "banned"),
+                UsersCommand::Delete { user_id } => (user_id, "deleted"),
+                UsersCommand::Restore { user_id } => (user_id, "active"),
+            };
+            store.set_user_state(user, state).await?;
+            println!("user {user} is {state}");
+            Ok(())
+        }
         Command::Dev {
             command: DevCommand::Kafka { port },
         } => {

@@ -97,13 +97,7 @@ pub async fn register(
         if store.function_has_sha(builtin.name, &sha256).await? {
             continue;
         }
-        let kind = runtime.inspect(builtin.name, builtin.bytes)?;
-        anyhow::ensure!(
-            kind == builtin.kind,
-            "built-in {} is a {kind}, expected a {}",
-            builtin.name,
-            builtin.kind
-        );
+        let kind = runtime.inspect(builtin.name, builtin.bytes, Some(builtin.kind))?;
         let outcome = store
             .push_function(builtin.name, kind.as_str(), &sha256, builtin.bytes, true)
             .await?;

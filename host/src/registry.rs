@@ -314,17 +314,7 @@ pub async fn push(
     bytes: &[u8],
     expected: Option<FunctionKind>,
 ) -> Result<(FunctionKind, PushOutcome), RegistryError> {
-    let kind = runtime.inspect(name, bytes)?;
-    if let Some(expected) = expected
-        && expected != kind
-    {
-        return Err(LoadError::WrongKind {
-            name: name.to_string(),
-            expected,
-            actual: kind,
-        }
-        .into());
-    }
+    let kind = runtime.inspect(name, bytes, expected)?;
     let sha256 = hex::encode(Sha256::digest(bytes));
     let outcome = store
         .push_function(name, kind.as_str(), &sha256, bytes, false)

@@ -115,15 +115,11 @@ impl Plan {
                         match answer {
                             Answer::Effect(effect) => these[index] = Some(effect),
                             Answer::Nothing => {}
-                            Answer::Unusable(reason) => evaluation.log.push(LogEntry {
-                                event_id: Some(envelopes[index].id.clone()),
-                                user_id: Some(envelopes[index].user_id.clone()),
-                                award_id: Some(objective.award_id.clone()),
-                                objective_id: Some(objective.objective_id.clone()),
-                                outcome: "rejected",
-                                reason: format!("rule {}: {reason}", objective.rule.name()),
-                                functions: Some(functions.clone()),
-                            }),
+                            Answer::Unusable(reason) => evaluation.log.push(objective.unusable(
+                                &envelopes[index],
+                                &reason,
+                                &functions,
+                            )),
                         }
                     }
                 }
@@ -134,15 +130,9 @@ impl Plan {
                         match objective.run(std::slice::from_ref(&events[index])) {
                             Ok(mut answer) => match answer.pop() {
                                 Some(Answer::Effect(effect)) => these[index] = Some(effect),
-                                Some(Answer::Unusable(reason)) => evaluation.log.push(LogEntry {
-                                    event_id: Some(envelopes[index].id.clone()),
-                                    user_id: Some(envelopes[index].user_id.clone()),
-                                    award_id: Some(objective.award_id.clone()),
-                                    objective_id: Some(objective.objective_id.clone()),
-                                    outcome: "rejected",
-                                    reason: format!("rule {}: {reason}", objective.rule.name()),
-                                    functions: Some(functions.clone()),
-                                }),
+                                Some(Answer::Unusable(reason)) => evaluation.log.push(
+                                    objective.unusable(&envelopes[index], &reason, &functions),
+                                ),
                                 _ => {}
                             },
                             Err(error) => {
@@ -204,6 +194,19 @@ enum Answer {
 }
 
 impl ObjectivePlan {
+    /// The log entry for an event the rule says it cannot use.
+    fn unusable(&self, envelope: &Envelope, reason: &str, functions: &Value) -> LogEntry {
+        LogEntry {
+            event_id: Some(envelope.id.clone()),
+            user_id: Some(envelope.user_id.clone()),
+            award_id: Some(self.award_id.clone()),
+            objective_id: Some(self.objective_id.clone()),
+            outcome: "rejected",
+            reason: format!("rule {}: {reason}", self.rule.name()),
+            functions: Some(functions.clone()),
+        }
+    }
+
     /// The versions that decide this objective, for the processing log.
     fn functions(&self) -> Value {
         let mut map = serde_json::Map::new();

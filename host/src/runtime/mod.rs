@@ -288,9 +288,15 @@ impl Runtime {
 
     /// The kind of a component, checking it on the way: size, validity,
     /// exactly one Laurel world, and that its imports can be satisfied.
-    pub fn inspect(&self, name: &str, bytes: &[u8]) -> Result<FunctionKind, LoadError> {
+    /// `expected`: the kind it must be, if known.
+    pub fn inspect(
+        &self,
+        name: &str,
+        bytes: &[u8],
+        expected: Option<FunctionKind>,
+    ) -> Result<FunctionKind, LoadError> {
         let sha256 = hex::encode(Sha256::digest(bytes));
-        Ok(self.load(name, 0, &sha256, bytes, None)?.kind)
+        Ok(self.load(name, 0, &sha256, bytes, expected)?.kind)
     }
 
     /// Loads (compiles, or takes from the cache) a component version.

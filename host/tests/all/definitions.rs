@@ -132,3 +132,44 @@ async fn unknown_fields_and_bad_json_are_named() {
     assert!(message.starts_with("award ?: not valid JSON:"), "{message}");
     db.drop_database().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn old_log_entries_and_applied_ids_are_pruned_in_bounded_steps() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let sql = db.sql().await;
+    sql.batch_execute(
+        "INSERT INTO processing_log (logged_at, source, event_id, outcome, reason)
+             SELECT now() - interval '40 days', 'photos', 'old-' || g, 'skipped', 'test' FROM generate_series(1, 25) g;
+         INSERT INTO processing_log (source, event_id, outcome, reason) VALUES ('photos', 'new-1', 'skipped', 'test');
+         INSERT INTO applied_events (source, event_id, applied_at)
+             SELECT 'bss', 'old-' || g, now() - interval '10 days' FROM generate_series(1, 5) g;
+         INSERT INTO applied_events (source, event_id) VALUES ('bss', 'new-1');",
+    )
+    .await
+    .unwrap();
+    // At most 10 of each per step.
+    assert_eq!(store.prune(30, 7, 10).await.unwrap(), 15);
+    assert_eq!(store.prune(30, 7, 10).await.unwrap(), 10);
+    assert_eq!(store.prune(30, 7, 10).await.unwrap(), 5);
+    assert_eq!(store.prune(30, 7, 10).await.unwrap(), 0);
+    let log: Vec<String> = sql
+        .query("SELECT event_id FROM processing_log", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let applied: Vec<String> = sql
+        .query("SELECT event_id FROM applied_events", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        (log, applied),
+        (vec!["new-1".to_string()], vec!["new-1".to_string()])
+    );
+    db.drop_database().await;
+}

@@ -103,10 +103,10 @@ impl Plan {
         let mut rejected: BTreeMap<usize, String> = BTreeMap::new();
         // Per objective, the effect on each event (None: nothing to do).
         let mut effects: Vec<Vec<Option<Effect>>> = Vec::with_capacity(self.objectives.len());
-        let mut versions: Vec<Value> = Vec::with_capacity(self.objectives.len());
+        let mut versions: Vec<Arc<Value>> = Vec::with_capacity(self.objectives.len());
         for objective in &mut self.objectives {
             let result = objective.run(&events);
-            let functions = objective.functions();
+            let functions = Arc::new(objective.functions());
             versions.push(functions.clone());
             let mut these = vec![None; events.len()];
             match result {
@@ -195,7 +195,7 @@ enum Answer {
 
 impl ObjectivePlan {
     /// The log entry for an event the rule says it cannot use.
-    fn unusable(&self, envelope: &Envelope, reason: &str, functions: &Value) -> LogEntry {
+    fn unusable(&self, envelope: &Envelope, reason: &str, functions: &Arc<Value>) -> LogEntry {
         LogEntry {
             event_id: Some(envelope.id.clone()),
             user_id: Some(envelope.user_id.clone()),

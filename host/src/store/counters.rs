@@ -11,6 +11,7 @@
 //! the other, never from the same stale state.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
@@ -45,7 +46,8 @@ pub struct Outcome {
     pub occurred_at: DateTime<Utc>,
     pub effect: Effect,
     /// The function versions that decided it, e.g. `{"SourceFilter": 1}`.
-    pub functions: Value,
+    /// Shared by every outcome the same objective decided in a batch.
+    pub functions: Arc<Value>,
 }
 
 /// A processing-log entry decided before the database (skips, rejections).
@@ -57,7 +59,7 @@ pub struct LogEntry {
     pub objective_id: Option<String>,
     pub outcome: &'static str,
     pub reason: String,
-    pub functions: Option<Value>,
+    pub functions: Option<Arc<Value>>,
 }
 
 /// What a batch changed.
@@ -696,7 +698,7 @@ struct LogRow {
     outcome: &'static str,
     reason: Option<String>,
     deltas: Option<Value>,
-    functions: Option<Value>,
+    functions: Option<Arc<Value>>,
 }
 
 impl LogRow {
@@ -759,7 +761,7 @@ async fn write_log(
     let outcome: Vec<&str> = rows.iter().map(|r| r.outcome).collect();
     let reason: Vec<Option<&str>> = rows.iter().map(|r| r.reason.as_deref()).collect();
     let deltas: Vec<Option<&Value>> = rows.iter().map(|r| r.deltas.as_ref()).collect();
-    let functions: Vec<Option<&Value>> = rows.iter().map(|r| r.functions.as_ref()).collect();
+    let functions: Vec<Option<&Value>> = rows.iter().map(|r| r.functions.as_deref()).collect();
     tx.execute(
         "INSERT INTO processing_log (source, event_id, user_id, award_id, objective_id, outcome, reason, deltas, functions)
          SELECT $1, * FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::jsonb[], $9::jsonb[])",

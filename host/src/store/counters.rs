@@ -73,35 +73,44 @@ pub struct Applied {
     pub objectives: usize,
 }
 
-type ContentKey = (String, String, String, String); // user, award, objective, content
-type GroupKey = (String, String, String, String); // user, award, objective, dedup key
-type ObjectiveKey = (String, String, String); // user, award, objective
+type ContentKey<'a> = (&'a str, &'a str, &'a str, &'a str); // user, award, objective, content
+type GroupKey<'a> = (&'a str, &'a str, &'a str, &'a str); // user, award, objective, dedup key
+type ObjectiveKey<'a> = (&'a str, &'a str, &'a str); // user, award, objective
+
+// Keys borrow from the batch's outcomes and the rows read for it: a batch
+// touches thousands of keys, and copying each one was a measurable share
+// of ingest's CPU.
 
 #[derive(Debug, Clone)]
-struct Stored {
+struct Stored<'a> {
     counters: Counters,
-    dedup_key: Option<String>,
-    event_id: String,
+    dedup_key: Option<&'a str>,
+    event_id: &'a str,
 }
 
 /// The last event applied to a content item.
 #[derive(Debug, Clone)]
-struct LastApplied {
+struct LastApplied<'a> {
     occurred_at: DateTime<Utc>,
-    event_id: String,
+    event_id: &'a str,
 }
 
 /// A unit of an objective's total: an item on its own, or a group of items
 /// sharing a de-duplication key (the group counts each counter's maximum).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-enum Unit {
-    Item(String),
-    Group(String),
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Unit<'a> {
+    Item(&'a str),
+    Group(&'a str),
 }
 
 fn add(into: &mut Counters, from: &Counters, sign: i64) {
     for (name, value) in from {
-        *into.entry(name.clone()).or_insert(0) += sign * value;
+        match into.get_mut(name) {
+            Some(total) => *total += sign * value,
+            None => {
+                into.insert(name.clone(), sign * value);
+            }
+        }
     }
 }
 
@@ -126,31 +135,31 @@ fn counters_from(value: &Value) -> Counters {
 
 /// The in-memory view of the contributions a batch touches.
 #[derive(Default)]
-struct Contributions {
-    items: HashMap<ContentKey, Stored>,
+struct Contributions<'a> {
+    items: HashMap<ContentKey<'a>, Stored<'a>>,
     /// Members of each group touched (content ids).
-    groups: HashMap<GroupKey, BTreeSet<String>>,
+    groups: HashMap<GroupKey<'a>, BTreeSet<&'a str>>,
     /// Rows to write back.
-    dirty: BTreeSet<ContentKey>,
+    dirty: BTreeSet<ContentKey<'a>>,
 }
 
-impl Contributions {
-    fn unit_value(&self, objective: &ObjectiveKey, unit: &Unit) -> Counters {
-        let (user, award, obj) = objective;
+impl<'a> Contributions<'a> {
+    fn unit_value(&self, (user, award, objective): ObjectiveKey<'a>, unit: Unit<'a>) -> Counters {
         match unit {
-            Unit::Item(content) => {
-                let key = (user.clone(), award.clone(), obj.clone(), content.clone());
-                self.items
-                    .get(&key)
-                    .map(|s| s.counters.clone())
-                    .unwrap_or_default()
-            }
+            Unit::Item(content) => self
+                .items
+                .get(&(user, award, objective, content))
+                .map(|s| s.counters.clone())
+                .unwrap_or_default(),
             Unit::Group(dedup) => {
-                let key = (user.clone(), award.clone(), obj.clone(), dedup.clone());
                 let mut max = Counters::new();
-                for content in self.groups.get(&key).into_iter().flatten() {
-                    let item = (user.clone(), award.clone(), obj.clone(), content.clone());
-                    if let Some(stored) = self.items.get(&item) {
+                for content in self
+                    .groups
+                    .get(&(user, award, objective, dedup))
+                    .into_iter()
+                    .flatten()
+                {
+                    if let Some(stored) = self.items.get(&(user, award, objective, *content)) {
                         for (name, value) in &stored.counters {
                             let entry = max.entry(name.clone()).or_insert(*value);
                             *entry = (*entry).max(*value);
@@ -162,51 +171,71 @@ impl Contributions {
         }
     }
 
-    fn unit_of(content: &str, dedup_key: &Option<String>) -> Unit {
+    fn unit_of(content: &'a str, dedup_key: Option<&'a str>) -> Unit<'a> {
         match dedup_key {
-            Some(key) => Unit::Group(key.clone()),
-            None => Unit::Item(content.to_string()),
+            Some(key) => Unit::Group(key),
+            None => Unit::Item(content),
         }
+    }
+
+    /// Reads a stored contribution; `member` also registers it in its group.
+    fn load(&mut self, row: &'a tokio_postgres::Row, group_keys: &mut BTreeSet<GroupKey<'a>>) {
+        let key: ContentKey<'a> = (row.get(0), row.get(1), row.get(2), row.get(3));
+        let dedup_key: Option<&'a str> = row.get(5);
+        if let Some(dedup) = dedup_key {
+            group_keys.insert((key.0, key.1, key.2, dedup));
+            self.groups
+                .entry((key.0, key.1, key.2, dedup))
+                .or_default()
+                .insert(key.3);
+        }
+        let counters: Value = row.get(4);
+        self.items.entry(key).or_insert(Stored {
+            counters: counters_from(&counters),
+            dedup_key,
+            event_id: row.get(6),
+        });
     }
 
     /// Replaces an item's contribution; returns the change of the
     /// objective's counters.
-    fn replace(&mut self, key: &ContentKey, next: Stored) -> Counters {
-        let objective = (key.0.clone(), key.1.clone(), key.2.clone());
-        let content = key.3.as_str();
-        let previous_unit = self
+    fn replace(&mut self, key: ContentKey<'a>, next: Stored<'a>) -> Counters {
+        let (user, award, objective, content) = key;
+        let objective_key = (user, award, objective);
+        let previous = self
             .items
-            .get(key)
-            .map(|s| Self::unit_of(content, &s.dedup_key));
-        let next_unit = Self::unit_of(content, &next.dedup_key);
-        let units: BTreeSet<Unit> = previous_unit.iter().cloned().chain([next_unit]).collect();
+            .get(&key)
+            .map(|s| Self::unit_of(content, s.dedup_key));
+        let next_unit = Self::unit_of(content, next.dedup_key);
+        let mut units: Vec<Unit<'a>> = previous.into_iter().chain([next_unit]).collect();
+        units.sort();
+        units.dedup();
         let mut delta = Counters::new();
         for unit in &units {
-            add(&mut delta, &self.unit_value(&objective, unit), -1);
+            add(&mut delta, &self.unit_value(objective_key, *unit), -1);
         }
-        if let Some(previous) = self.items.get(key)
-            && let Some(old_key) = &previous.dedup_key
+        if let Some(Unit::Group(old_key)) = previous
+            && let Some(members) = self.groups.get_mut(&(user, award, objective, old_key))
         {
-            let group = (key.0.clone(), key.1.clone(), key.2.clone(), old_key.clone());
-            if let Some(members) = self.groups.get_mut(&group) {
-                members.remove(content);
-            }
+            members.remove(content);
         }
-        if let Some(new_key) = &next.dedup_key {
-            let group = (key.0.clone(), key.1.clone(), key.2.clone(), new_key.clone());
+        if let Some(new_key) = next.dedup_key {
             self.groups
-                .entry(group)
+                .entry((user, award, objective, new_key))
                 .or_default()
-                .insert(content.to_string());
+                .insert(content);
         }
-        self.items.insert(key.clone(), next);
-        self.dirty.insert(key.clone());
+        self.items.insert(key, next);
+        self.dirty.insert(key);
         for unit in &units {
-            add(&mut delta, &self.unit_value(&objective, unit), 1);
+            add(&mut delta, &self.unit_value(objective_key, *unit), 1);
         }
         nonzero(delta)
     }
 }
+
+const CONTRIBUTION_COLUMNS: &str =
+    "c.user_id, c.award_id, c.objective_id, c.content_id, c.counters, c.dedup_key, c.event_id";
 
 impl Store {
     /// Applies a batch (outcomes in stream order, an event's outcomes
@@ -242,7 +271,7 @@ impl Store {
             .filter_map(|o| o.content_id.as_deref().map(|c| (o.user_id.as_str(), c)))
             .collect();
         let (iu, ic): (Vec<&str>, Vec<&str>) = item_keys.iter().copied().unzip();
-        let mut items: HashMap<(String, String), LastApplied> = tx
+        let item_rows = tx
             .query(
                 "SELECT i.user_id, i.content_id, i.occurred_at, i.event_id FROM content_items i
                  JOIN unnest($2::text[], $3::text[]) AS k(u, c) ON i.user_id = k.u AND i.content_id = k.c
@@ -250,96 +279,80 @@ impl Store {
                 &[&source, &iu, &ic],
             )
             .await
-            .context("reading content items")?
+            .context("reading content items")?;
+        let mut items: HashMap<(&str, &str), LastApplied<'_>> = item_rows
             .iter()
-            .map(|r| ((r.get(0), r.get(1)), LastApplied { occurred_at: r.get(2), event_id: r.get(3) }))
+            .map(|r| {
+                (
+                    (r.get(0), r.get(1)),
+                    LastApplied {
+                        occurred_at: r.get(2),
+                        event_id: r.get(3),
+                    },
+                )
+            })
             .collect();
-        let mut dirty_items: BTreeSet<(String, String)> = BTreeSet::new();
+        let mut dirty_items: BTreeSet<(&str, &str)> = BTreeSet::new();
 
         // The contributions of the items this batch touches ...
-        let mut view = Contributions::default();
-        let content_keys: BTreeSet<ContentKey> = outcomes
+        let content_keys: BTreeSet<ContentKey<'_>> = outcomes
             .iter()
             .filter_map(|o| {
-                o.content_id.as_ref().map(|c| {
+                o.content_id.as_deref().map(|c| {
                     (
-                        o.user_id.clone(),
-                        o.award_id.clone(),
-                        o.objective_id.clone(),
-                        c.clone(),
+                        o.user_id.as_str(),
+                        o.award_id.as_str(),
+                        o.objective_id.as_str(),
+                        c,
                     )
                 })
             })
             .collect();
-        let (cu, ca, co, cc) = columns(&content_keys);
-        let rows = tx
+        let (cu, ca, co, cc) = unzip4(content_keys.iter().copied());
+        let content_rows = tx
             .query(
-                "SELECT c.user_id, c.award_id, c.objective_id, c.content_id, c.counters, c.dedup_key, c.event_id
-                 FROM contributions c
-                 JOIN unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS k(u, a, o, c)
-                   ON c.user_id = k.u AND c.award_id = k.a AND c.objective_id = k.o AND c.content_id = k.c",
+                &format!(
+                    "SELECT {CONTRIBUTION_COLUMNS} FROM contributions c
+                     JOIN unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS k(u, a, o, c)
+                       ON c.user_id = k.u AND c.award_id = k.a AND c.objective_id = k.o AND c.content_id = k.c"
+                ),
                 &[&cu, &ca, &co, &cc],
             )
             .await
             .context("reading contributions")?;
-        let mut group_keys: BTreeSet<GroupKey> = BTreeSet::new();
-        for row in &rows {
-            let key: ContentKey = (row.get(0), row.get(1), row.get(2), row.get(3));
-            let dedup_key: Option<String> = row.get(5);
-            if let Some(dedup) = &dedup_key {
-                group_keys.insert((key.0.clone(), key.1.clone(), key.2.clone(), dedup.clone()));
-            }
-            let counters: Value = row.get(4);
-            view.items.insert(
-                key,
-                Stored {
-                    counters: counters_from(&counters),
-                    dedup_key,
-                    event_id: row.get(6),
-                },
-            );
-        }
-        // ... and every member of the de-duplication groups involved.
+        let mut group_keys: BTreeSet<GroupKey<'_>> = BTreeSet::new();
         for o in outcomes {
             if let Effect::Contribution {
                 dedup_key: Some(dedup),
                 ..
             } = &o.effect
             {
-                group_keys.insert((
-                    o.user_id.clone(),
-                    o.award_id.clone(),
-                    o.objective_id.clone(),
-                    dedup.clone(),
-                ));
+                group_keys.insert((&o.user_id, &o.award_id, &o.objective_id, dedup));
             }
         }
-        if !group_keys.is_empty() {
-            let (gu, ga, go, gk) = columns(&group_keys);
-            let rows = tx
-                .query(
-                    "SELECT c.user_id, c.award_id, c.objective_id, c.content_id, c.counters, c.dedup_key, c.event_id
-                     FROM contributions c
+        let mut view = Contributions::default();
+        for row in &content_rows {
+            view.load(row, &mut group_keys);
+        }
+        // ... and every member of the de-duplication groups involved.
+        let group_rows = if group_keys.is_empty() {
+            Vec::new()
+        } else {
+            let (gu, ga, go, gk) = unzip4(group_keys.iter().copied());
+            tx.query(
+                &format!(
+                    "SELECT {CONTRIBUTION_COLUMNS} FROM contributions c
                      JOIN unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS k(u, a, o, d)
-                       ON c.user_id = k.u AND c.award_id = k.a AND c.objective_id = k.o AND c.dedup_key = k.d",
-                    &[&gu, &ga, &go, &gk],
-                )
-                .await
-                .context("reading de-duplication groups")?;
-            for row in &rows {
-                let key: ContentKey = (row.get(0), row.get(1), row.get(2), row.get(3));
-                let dedup: String = row.get(5);
-                view.groups
-                    .entry((key.0.clone(), key.1.clone(), key.2.clone(), dedup.clone()))
-                    .or_default()
-                    .insert(key.3.clone());
-                let counters: Value = row.get(4);
-                view.items.entry(key).or_insert(Stored {
-                    counters: counters_from(&counters),
-                    dedup_key: Some(dedup),
-                    event_id: row.get(6),
-                });
-            }
+                       ON c.user_id = k.u AND c.award_id = k.a AND c.objective_id = k.o AND c.dedup_key = k.d"
+                ),
+                &[&gu, &ga, &go, &gk],
+            )
+            .await
+            .context("reading de-duplication groups")?
+        };
+        let mut unused = BTreeSet::new();
+        for row in &group_rows {
+            view.load(row, &mut unused);
         }
 
         // Additive events already applied (re-delivery adds nothing).
@@ -348,8 +361,8 @@ impl Store {
             .filter(|o| matches!(o.effect, Effect::Additive { .. }))
             .map(|o| o.event_id.as_str())
             .collect();
-        let seen_additive: HashSet<String> = if additive_ids.is_empty() {
-            HashSet::new()
+        let seen_rows = if additive_ids.is_empty() {
+            Vec::new()
         } else {
             tx.query(
                 "SELECT event_id FROM applied_events WHERE source = $1 AND event_id = ANY($2)",
@@ -357,16 +370,14 @@ impl Store {
             )
             .await
             .context("reading applied events")?
-            .iter()
-            .map(|r| r.get(0))
-            .collect()
         };
-        let mut newly_applied: Vec<String> = Vec::new();
+        let seen_additive: HashSet<&str> = seen_rows.iter().map(|r| r.get(0)).collect();
+        let mut newly_applied: Vec<&str> = Vec::new();
         let mut added_here: HashSet<(&str, &str, &str)> = HashSet::new();
 
         // Events in stream order; an event's outcomes are adjacent.
-        let mut deltas: BTreeMap<ObjectiveKey, Counters> = BTreeMap::new();
-        let mut entries: Vec<LogRow> = Vec::new();
+        let mut deltas: BTreeMap<ObjectiveKey<'_>, Counters> = BTreeMap::new();
+        let mut entries: Vec<LogRow<'_>> = Vec::new();
         let mut applied = Applied::default();
         let mut index = 0;
         while index < outcomes.len() {
@@ -380,8 +391,8 @@ impl Store {
             index = end;
 
             // A content item's events apply in time order, each once.
-            if let Some(content) = &first.content_id {
-                let item = (first.user_id.clone(), content.clone());
+            if let Some(content) = first.content_id.as_deref() {
+                let item = (first.user_id.as_str(), content);
                 if let Some(last) = items.get(&item) {
                     if first.occurred_at < last.occurred_at {
                         entries.push(LogRow::skip(
@@ -397,49 +408,43 @@ impl Store {
                     }
                 }
                 items.insert(
-                    item.clone(),
+                    item,
                     LastApplied {
                         occurred_at: first.occurred_at,
-                        event_id: first.event_id.clone(),
+                        event_id: &first.event_id,
                     },
                 );
                 dirty_items.insert(item);
             }
 
             for o in event {
-                let objective: ObjectiveKey = (
-                    o.user_id.clone(),
-                    o.award_id.clone(),
-                    o.objective_id.clone(),
-                );
-                let delta = match (&o.effect, &o.content_id) {
+                let objective: ObjectiveKey<'_> = (&o.user_id, &o.award_id, &o.objective_id);
+                let delta = match (&o.effect, o.content_id.as_deref()) {
                     (Effect::Additive { counters }, _) => {
                         // One event adds to every objective it reaches: its
                         // id is recorded once for the batch.
-                        if seen_additive.contains(&o.event_id)
+                        if seen_additive.contains(o.event_id.as_str())
                             || !added_here.insert((&o.event_id, &o.award_id, &o.objective_id))
                         {
                             entries.push(LogRow::skip(o, "event already applied"));
                             applied.unchanged += 1;
                             continue;
                         }
-                        if !newly_applied.contains(&o.event_id) {
-                            newly_applied.push(o.event_id.clone());
+                        if newly_applied.last() != Some(&o.event_id.as_str())
+                            && !newly_applied.contains(&o.event_id.as_str())
+                        {
+                            newly_applied.push(&o.event_id);
                         }
                         nonzero(counters.clone())
                     }
                     (effect, Some(content)) => {
-                        let key = (
-                            o.user_id.clone(),
-                            o.award_id.clone(),
-                            o.objective_id.clone(),
-                            content.clone(),
-                        );
+                        let key: ContentKey<'_> =
+                            (&o.user_id, &o.award_id, &o.objective_id, content);
                         let (counters, dedup_key) = match effect {
                             Effect::Contribution {
                                 counters,
                                 dedup_key,
-                            } => (nonzero(counters.clone()), dedup_key.clone()),
+                            } => (nonzero(counters.clone()), dedup_key.as_deref()),
                             _ => (Counters::new(), None),
                         };
                         // An item that never contributed and still doesn't
@@ -452,11 +457,11 @@ impl Store {
                             continue;
                         }
                         view.replace(
-                            &key,
+                            key,
                             Stored {
                                 counters,
                                 dedup_key,
-                                event_id: o.event_id.clone(),
+                                event_id: &o.event_id,
                             },
                         )
                     }
@@ -482,15 +487,9 @@ impl Store {
         // Write back: items, contributions, counters (new versions), applied
         // ids, log.
         if !dirty_items.is_empty() {
-            let (u, c): (Vec<&str>, Vec<&str>) = dirty_items
-                .iter()
-                .map(|(u, c)| (u.as_str(), c.as_str()))
-                .unzip();
+            let (u, c): (Vec<&str>, Vec<&str>) = dirty_items.iter().copied().unzip();
             let at: Vec<DateTime<Utc>> = dirty_items.iter().map(|k| items[k].occurred_at).collect();
-            let event: Vec<&str> = dirty_items
-                .iter()
-                .map(|k| items[k].event_id.as_str())
-                .collect();
+            let event: Vec<&str> = dirty_items.iter().map(|k| items[k].event_id).collect();
             tx.execute(
                 "INSERT INTO content_items (user_id, source, content_id, occurred_at, event_id)
                  SELECT u, $1, c, t, e FROM unnest($2::text[], $3::text[], $4::timestamptz[], $5::text[]) AS k(u, c, t, e)
@@ -501,21 +500,12 @@ impl Store {
             .await
             .context("writing content items")?;
         }
-        let dirty: Vec<(&ContentKey, &Stored)> =
-            view.dirty.iter().map(|k| (k, &view.items[k])).collect();
-        if !dirty.is_empty() {
-            let (u, a, o, c) = unzip4(
-                dirty
-                    .iter()
-                    .map(|(k, _)| (k.0.as_str(), k.1.as_str(), k.2.as_str(), k.3.as_str())),
-            );
-            let counters: Vec<Value> = dirty
-                .iter()
-                .map(|(_, s)| counters_json(&s.counters))
-                .collect();
-            let dedup: Vec<Option<&str>> =
-                dirty.iter().map(|(_, s)| s.dedup_key.as_deref()).collect();
-            let event: Vec<&str> = dirty.iter().map(|(_, s)| s.event_id.as_str()).collect();
+        if !view.dirty.is_empty() {
+            let (u, a, o, c) = unzip4(view.dirty.iter().copied());
+            let stored: Vec<&Stored<'_>> = view.dirty.iter().map(|k| &view.items[k]).collect();
+            let counters: Vec<Value> = stored.iter().map(|s| counters_json(&s.counters)).collect();
+            let dedup: Vec<Option<&str>> = stored.iter().map(|s| s.dedup_key).collect();
+            let event: Vec<&str> = stored.iter().map(|s| s.event_id).collect();
             tx.execute(
                 "INSERT INTO contributions (user_id, award_id, objective_id, content_id, counters, dedup_key, event_id)
                  SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::jsonb[], $6::text[], $7::text[])
@@ -526,24 +516,21 @@ impl Store {
             .await
             .context("writing contributions")?;
         }
-        let deltas: Vec<(&ObjectiveKey, Counters)> = deltas
-            .iter()
-            .map(|(k, d)| (k, nonzero(d.clone())))
+        let deltas: Vec<(ObjectiveKey<'_>, Counters)> = deltas
+            .into_iter()
+            .map(|(k, d)| (k, nonzero(d)))
             .filter(|(_, d)| !d.is_empty())
             .collect();
         if !deltas.is_empty() {
             // Current counters, plus the deltas, written back whole: the
             // per-user locks make this read-modify-write safe.
-            let (u, a, o): (Vec<&str>, Vec<&str>, Vec<&str>) =
-                deltas
-                    .iter()
-                    .fold((vec![], vec![], vec![]), |(mut u, mut a, mut o), (k, _)| {
-                        u.push(k.0.as_str());
-                        a.push(k.1.as_str());
-                        o.push(k.2.as_str());
-                        (u, a, o)
-                    });
-            let current: HashMap<ObjectiveKey, Counters> = tx
+            let (mut u, mut a, mut o) = (Vec::new(), Vec::new(), Vec::new());
+            for ((user, award, objective), _) in &deltas {
+                u.push(*user);
+                a.push(*award);
+                o.push(*objective);
+            }
+            let current_rows = tx
                 .query(
                     "SELECT uo.user_id, uo.award_id, uo.objective_id, uo.counters FROM user_objective uo
                      JOIN unnest($1::text[], $2::text[], $3::text[]) AS k(u, a, o)
@@ -551,14 +538,20 @@ impl Store {
                     &[&u, &a, &o],
                 )
                 .await
-                .context("reading objective counters")?
+                .context("reading objective counters")?;
+            let current: HashMap<ObjectiveKey<'_>, Counters> = current_rows
                 .iter()
-                .map(|r| ((r.get(0), r.get(1), r.get(2)), counters_from(&r.get::<_, Value>(3))))
+                .map(|r| {
+                    (
+                        (r.get(0), r.get(1), r.get(2)),
+                        counters_from(&r.get::<_, Value>(3)),
+                    )
+                })
                 .collect();
             let totals: Vec<Value> = deltas
                 .iter()
                 .map(|(k, d)| {
-                    let mut total = current.get(*k).cloned().unwrap_or_default();
+                    let mut total = current.get(k).cloned().unwrap_or_default();
                     add(&mut total, d, 1);
                     counters_json(&total)
                 })
@@ -592,7 +585,7 @@ impl Store {
     /// Log entries on their own (a batch in which nothing reached the
     /// counters).
     pub async fn write_log(&mut self, source: &str, log: &[LogEntry]) -> Result<(), StoreError> {
-        let entries: Vec<LogRow> = log.iter().map(LogRow::from_entry).collect();
+        let entries: Vec<LogRow<'_>> = log.iter().map(LogRow::from_entry).collect();
         let tx = self
             .client_mut()
             .transaction()
@@ -668,15 +661,6 @@ impl Store {
     }
 }
 
-fn columns(
-    keys: &BTreeSet<(String, String, String, String)>,
-) -> (Vec<&str>, Vec<&str>, Vec<&str>, Vec<&str>) {
-    unzip4(
-        keys.iter()
-            .map(|k| (k.0.as_str(), k.1.as_str(), k.2.as_str(), k.3.as_str())),
-    )
-}
-
 fn unzip4<'a>(
     items: impl Iterator<Item = (&'a str, &'a str, &'a str, &'a str)>,
 ) -> (Vec<&'a str>, Vec<&'a str>, Vec<&'a str>, Vec<&'a str>) {
@@ -690,78 +674,77 @@ fn unzip4<'a>(
     (a, b, c, d)
 }
 
-struct LogRow {
-    event_id: Option<String>,
-    user_id: Option<String>,
-    award_id: Option<String>,
-    objective_id: Option<String>,
+struct LogRow<'a> {
+    event_id: Option<&'a str>,
+    user_id: Option<&'a str>,
+    award_id: Option<&'a str>,
+    objective_id: Option<&'a str>,
     outcome: &'static str,
-    reason: Option<String>,
+    reason: Option<&'a str>,
     deltas: Option<Value>,
-    functions: Option<Arc<Value>>,
+    functions: Option<&'a Value>,
 }
 
-impl LogRow {
+impl<'a> LogRow<'a> {
     fn of(
-        o: &Outcome,
+        o: &'a Outcome,
         outcome: &'static str,
-        reason: Option<&str>,
+        reason: Option<&'a str>,
         deltas: Option<Value>,
-    ) -> LogRow {
+    ) -> LogRow<'a> {
         LogRow {
-            event_id: Some(o.event_id.clone()),
-            user_id: Some(o.user_id.clone()),
-            award_id: Some(o.award_id.clone()),
-            objective_id: Some(o.objective_id.clone()),
+            event_id: Some(&o.event_id),
+            user_id: Some(&o.user_id),
+            award_id: Some(&o.award_id),
+            objective_id: Some(&o.objective_id),
             outcome,
-            reason: reason.map(str::to_string),
+            reason,
             deltas,
-            functions: Some(o.functions.clone()),
+            functions: Some(&o.functions),
         }
     }
 
-    fn applied(o: &Outcome, delta: &Counters) -> LogRow {
+    fn applied(o: &'a Outcome, delta: &Counters) -> LogRow<'a> {
         LogRow::of(o, "applied", None, Some(counters_json(delta)))
     }
 
-    fn skip(o: &Outcome, reason: &str) -> LogRow {
+    fn skip(o: &'a Outcome, reason: &'static str) -> LogRow<'a> {
         LogRow::of(o, "skipped", Some(reason), None)
     }
 
-    fn reject(o: &Outcome, reason: &str) -> LogRow {
+    fn reject(o: &'a Outcome, reason: &'static str) -> LogRow<'a> {
         LogRow::of(o, "rejected", Some(reason), None)
     }
 
-    fn from_entry(e: &LogEntry) -> LogRow {
+    fn from_entry(e: &'a LogEntry) -> LogRow<'a> {
         LogRow {
-            event_id: e.event_id.clone(),
-            user_id: e.user_id.clone(),
-            award_id: e.award_id.clone(),
-            objective_id: e.objective_id.clone(),
+            event_id: e.event_id.as_deref(),
+            user_id: e.user_id.as_deref(),
+            award_id: e.award_id.as_deref(),
+            objective_id: e.objective_id.as_deref(),
             outcome: e.outcome,
-            reason: Some(e.reason.clone()),
+            reason: Some(&e.reason),
             deltas: None,
-            functions: e.functions.clone(),
+            functions: e.functions.as_deref(),
         }
     }
 }
-
 async fn write_log(
     tx: &tokio_postgres::Transaction<'_>,
     source: &str,
-    rows: &[LogRow],
+    rows: &[LogRow<'_>],
 ) -> Result<(), StoreError> {
     if rows.is_empty() {
         return Ok(());
     }
-    let event: Vec<Option<&str>> = rows.iter().map(|r| r.event_id.as_deref()).collect();
-    let user: Vec<Option<&str>> = rows.iter().map(|r| r.user_id.as_deref()).collect();
-    let award: Vec<Option<&str>> = rows.iter().map(|r| r.award_id.as_deref()).collect();
-    let objective: Vec<Option<&str>> = rows.iter().map(|r| r.objective_id.as_deref()).collect();
+    let event: Vec<Option<&str>> = rows.iter().map(|r| r.event_id).collect();
+    let user: Vec<Option<&str>> = rows.iter().map(|r| r.user_id).collect();
+    let award: Vec<Option<&str>> = rows.iter().map(|r| r.award_id).collect();
+    let objective: Vec<Option<&str>> = rows.iter().map(|r| r.objective_id).collect();
     let outcome: Vec<&str> = rows.iter().map(|r| r.outcome).collect();
-    let reason: Vec<Option<&str>> = rows.iter().map(|r| r.reason.as_deref()).collect();
+    let reason: Vec<Option<&str>> = rows.iter().map(|r| r.reason).collect();
     let deltas: Vec<Option<&Value>> = rows.iter().map(|r| r.deltas.as_ref()).collect();
-    let functions: Vec<Option<&Value>> = rows.iter().map(|r| r.functions.as_deref()).collect();
+    let functions: Vec<Option<&Value>> = rows.iter().map(|r| r.functions).collect();
     tx.execute(
         "INSERT INTO processing_log (source, event_id, user_id, award_id, objective_id, outcome, reason, deltas, functions)
          SELECT $1, * FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::jsonb[], $9::jsonb[])",

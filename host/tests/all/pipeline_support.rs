@@ -112,7 +112,7 @@ impl Pipeline {
             ingest::run(
                 ingest_settings,
                 &url,
-                registry_clone(&catalog, &url).await,
+                own_registry(&url).await,
                 catalog,
                 async {
                     let _ = stopped.await;
@@ -250,7 +250,7 @@ impl Pipeline {
 }
 
 /// Ingest gets a registry of its own, as a separate process would.
-async fn registry_clone(_catalog: &Arc<Catalog>, url: &str) -> Arc<Registry> {
+async fn own_registry(url: &str) -> Arc<Registry> {
     Registry::start(url, support::runtime()).await.unwrap()
 }
 

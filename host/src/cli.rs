@@ -12,7 +12,7 @@ use tracing::{info, warn};
 
 use crate::catalog::Catalog;
 use crate::ingest::{self, LocalBroker};
-use crate::registry::{self, Registry};
+use crate::registry::Registry;
 use crate::runtime::{FunctionKind, Runtime};
 use crate::settings::Settings;
 use crate::store::{PushOutcome, Store};
@@ -86,6 +86,9 @@ enum FunctionsCommand {
         file: PathBuf,
         #[arg(long, value_parser = parse_kind)]
         kind: Option<FunctionKind>,
+        /// Push even if an award's config is refused by the new version.
+        #[arg(long)]
+        force: bool,
     },
     /// List functions: name, kind, current version, sha256.
     List {
@@ -220,13 +223,20 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 
 async fn functions(settings: &Settings, command: FunctionsCommand) -> anyhow::Result<()> {
     match command {
-        FunctionsCommand::Push { name, file, kind } => {
+        FunctionsCommand::Push {
+            name,
+            file,
+            kind,
+            force,
+        } => {
             let bytes = std::fs::read(&file)
                 .with_context(|| format!("failed to read {}", file.display()))?;
             let runtime = sandbox(settings)?;
             let mut store = Store::connect(&settings.database_url).await?;
             store.migrate().await?;
-            let (kind, outcome) = registry::push(&mut store, &runtime, &name, &bytes, kind).await?;
+            let (kind, outcome) =
+                definitions::push_function(&mut store, &runtime, &name, &bytes, kind, force)
+                    .await?;
             match outcome {
                 PushOutcome::Created { version } => println!("pushed {name} v{version} ({kind})"),
                 PushOutcome::Unchanged { version } => {

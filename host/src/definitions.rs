@@ -320,3 +320,142 @@ pub async fn apply(
     let sources: Vec<String> = sources.into_iter().collect();
     Ok(store.apply_awards(&rows, &sources).await?)
 }
+
+/// Why a checked push failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PushError {
+    #[error(transparent)]
+    Registry(#[from] crate::registry::RegistryError),
+    #[error(
+        "refusing to push {name}: the new version would break {} (push with --force to do it anyway): {}",
+        if .problems.len() == 1 { "an award that uses it".to_string() } else { format!("{} uses of it in awards", .problems.len()) },
+        .problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+    )]
+    BreaksAwards {
+        name: String,
+        problems: Vec<DefinitionError>,
+    },
+}
+
+impl From<crate::store::StoreError> for PushError {
+    fn from(error: crate::store::StoreError) -> Self {
+        PushError::Registry(error.into())
+    }
+}
+
+impl From<crate::runtime::LoadError> for PushError {
+    fn from(error: crate::runtime::LoadError) -> Self {
+        PushError::Registry(error.into())
+    }
+}
+
+/// Registers a new version of `name` (see `registry::push`), first checking
+/// that every award using `name` still works with it: each filter, rule or
+/// strategy config it is given must be accepted by the new version. With
+/// `force`, pushes anyway (bindings that the new version refuses stay on
+/// the version they have, and say so in the log).
+pub async fn push_function(
+    store: &mut crate::store::Store,
+    runtime: &crate::runtime::Runtime,
+    name: &str,
+    bytes: &[u8],
+    expected: Option<crate::runtime::FunctionKind>,
+    force: bool,
+) -> Result<(crate::runtime::FunctionKind, crate::store::PushOutcome), PushError> {
+    if !force {
+        let awards: Vec<AwardDefinition> = store
+            .awards()
+            .await?
+            .into_iter()
+            .filter_map(|row| serde_json::from_value(row.definition).ok())
+            .collect();
+        let (runtime, name_owned, bytes_owned) =
+            (runtime.clone(), name.to_string(), bytes.to_vec());
+        let problems = tokio::task::spawn_blocking(move || {
+            let sha256 = "unregistered";
+            let function = runtime.load(&name_owned, 0, sha256, &bytes_owned, expected)?;
+            Ok::<_, crate::runtime::LoadError>(uses_refused(&function, &awards))
+        })
+        .await
+        .map_err(|join| {
+            PushError::Registry(crate::registry::RegistryError::Unloadable {
+                name: name.to_string(),
+                version: 0,
+                reason: join.to_string(),
+            })
+        })??;
+        if !problems.is_empty() {
+            return Err(PushError::BreaksAwards {
+                name: name.to_string(),
+                problems,
+            });
+        }
+    }
+    Ok(crate::registry::push(store, runtime, name, bytes, expected).await?)
+}
+
+/// Every use of `function`'s name in `awards` that it refuses.
+fn uses_refused(
+    function: &Arc<crate::runtime::Function>,
+    awards: &[AwardDefinition],
+) -> Vec<DefinitionError> {
+    use crate::runtime::{
+        FilterInstance, FunctionError, FunctionKind, RuleInstance, StrategyInstance,
+    };
+    let name = function.name.as_str();
+    // Why the new version cannot take this use, if it cannot.
+    let refusal = |used_as: FunctionKind, config: &str| -> Option<String> {
+        if function.kind != used_as {
+            return Some(format!(
+                "it is used as a {used_as}, and the new version is a {}",
+                function.kind
+            ));
+        }
+        let created = match used_as {
+            FunctionKind::Filter => FilterInstance::new(function.clone(), config).map(drop),
+            FunctionKind::Rule => RuleInstance::new(function.clone(), config).map(drop),
+            FunctionKind::Strategy => StrategyInstance::new(function.clone(), config).map(drop),
+        };
+        match created {
+            Ok(()) => None,
+            Err(FunctionError::Config { reason, .. }) => {
+                Some(format!("the new version rejects its config: {reason}"))
+            }
+            Err(error) => Some(format!("the new version fails on its config: {error}")),
+        }
+    };
+    let mut problems = Vec::new();
+    for award in awards {
+        let mut uses: Vec<(Option<&str>, FunctionKind, String)> = Vec::new();
+        for objective in &award.objectives {
+            for filter in objective.filters.iter().filter(|f| f.name == name) {
+                uses.push((
+                    Some(&objective.id),
+                    FunctionKind::Filter,
+                    filter.config_text(),
+                ));
+            }
+            if objective.rule.name == name {
+                uses.push((
+                    Some(&objective.id),
+                    FunctionKind::Rule,
+                    objective.rule.config_text(),
+                ));
+            }
+        }
+        if award.strategy_function == name {
+            uses.push((None, FunctionKind::Strategy, award.strategy.to_string()));
+        }
+        for (objective, used_as, config) in uses {
+            if let Some(reason) = refusal(used_as, &config) {
+                problems.push(DefinitionError {
+                    award: award.id.clone(),
+                    objective: objective.map(str::to_string),
+                    function: Some(name.to_string()),
+                    reason,
+                });
+            }
+        }
+    }
+    problems
+}

@@ -173,3 +173,67 @@ async fn old_log_entries_and_applied_ids_are_pruned_in_bounded_steps() {
     );
     db.drop_database().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_that_would_break_an_award_is_refused_unless_forced() {
+    let (db, mut store, registry) = setup().await;
+    definitions::apply(&mut store, &registry, GOOD)
+        .await
+        .unwrap();
+    let runtime = registry.runtime().clone();
+    // EventTypeFilter's component as a new "SourceFilter": it wants `types`.
+    let event_type = library::builtin("EventTypeFilter").unwrap().bytes;
+    let error = definitions::push_function(
+        &mut store,
+        &runtime,
+        "SourceFilter",
+        event_type,
+        None,
+        false,
+    )
+    .await
+    .unwrap_err();
+    let message = error.to_string();
+    assert!(
+        message.starts_with(
+            "refusing to push SourceFilter: the new version would break an award that uses it (push with --force to do it anyway): \
+             award photographer, objective photo, function SourceFilter: the new version rejects its config: invalid config: unknown field `sources`"
+        ),
+        "{message}"
+    );
+    // A rule under a filter's name is refused for its kind.
+    let rule = library::builtin("CountRule").unwrap().bytes;
+    let message =
+        definitions::push_function(&mut store, &runtime, "SourceFilter", rule, None, false)
+            .await
+            .unwrap_err()
+            .to_string();
+    assert!(
+        message.contains("it is used as a filter, and the new version is a rule"),
+        "{message}"
+    );
+    let sql = db.sql().await;
+    let versions: i64 = sql
+        .query_one(
+            "SELECT count(*) FROM functions WHERE name = 'SourceFilter'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(versions, 1, "nothing was pushed");
+    // Forced, it goes in.
+    let (_, outcome) =
+        definitions::push_function(&mut store, &runtime, "SourceFilter", event_type, None, true)
+            .await
+            .unwrap();
+    assert_eq!(outcome, laurel::store::PushOutcome::Created { version: 2 });
+    // A compatible new version needs no force.
+    let accept = crate::support::guest_bytes("accept_all_filter");
+    let (_, outcome) =
+        definitions::push_function(&mut store, &runtime, "SourceFilter", &accept, None, false)
+            .await
+            .unwrap();
+    assert_eq!(outcome, laurel::store::PushOutcome::Created { version: 3 });
+    db.drop_database().await;
+}

@@ -10,6 +10,7 @@
 //! processes that briefly handle the same user (a rebalance) apply one after
 //! the other, never from the same stale state.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
@@ -417,6 +418,10 @@ impl Store {
                 dirty_items.insert(item);
             }
 
+            // One log row per event: what it changed, objective by objective.
+            let mut changes = serde_json::Map::new();
+            let mut versions = serde_json::Map::new();
+            let mut duplicate = false;
             for o in event {
                 let objective: ObjectiveKey<'_> = (&o.user_id, &o.award_id, &o.objective_id);
                 let delta = match (&o.effect, o.content_id.as_deref()) {
@@ -426,7 +431,7 @@ impl Store {
                         if seen_additive.contains(o.event_id.as_str())
                             || !added_here.insert((&o.event_id, &o.award_id, &o.objective_id))
                         {
-                            entries.push(LogRow::skip(o, "event already applied"));
+                            duplicate = true;
                             applied.unchanged += 1;
                             continue;
                         }
@@ -479,8 +484,36 @@ impl Store {
                     continue;
                 }
                 applied.changed += 1;
-                entries.push(LogRow::applied(o, &delta));
+                nest(
+                    &mut changes,
+                    &o.award_id,
+                    &o.objective_id,
+                    counters_json(&delta),
+                );
+                nest(
+                    &mut versions,
+                    &o.award_id,
+                    &o.objective_id,
+                    (*o.functions).clone(),
+                );
                 add(deltas.entry(objective).or_default(), &delta, 1);
+            }
+            if !changes.is_empty() {
+                entries.push(LogRow::event(
+                    first,
+                    "applied",
+                    None,
+                    Some(Value::Object(changes)),
+                    Some(versions),
+                ));
+            } else if duplicate {
+                entries.push(LogRow::event(
+                    first,
+                    "skipped",
+                    Some("event already applied"),
+                    None,
+                    None,
+                ));
             }
         }
 
@@ -674,6 +707,18 @@ fn unzip4<'a>(
     (a, b, c, d)
 }
 
+/// `map[award][objective] = value`.
+fn nest(map: &mut serde_json::Map<String, Value>, award: &str, objective: &str, value: Value) {
+    let per_award = map
+        .entry(award.to_string())
+        .or_insert_with(|| Value::Object(Default::default()));
+    if let Value::Object(objectives) = per_award {
+        objectives.insert(objective.to_string(), value);
+    }
+}
+
+/// A processing-log row. An applied event has one row, its `deltas` and
+/// `functions` keyed by award, then objective.
 struct LogRow<'a> {
     event_id: Option<&'a str>,
     user_id: Option<&'a str>,
@@ -682,7 +727,7 @@ struct LogRow<'a> {
     outcome: &'static str,
     reason: Option<&'a str>,
     deltas: Option<Value>,
-    functions: Option<&'a Value>,
+    functions: Option<Cow<'a, Value>>,
 }
 
 impl<'a> LogRow<'a> {
@@ -700,12 +745,28 @@ impl<'a> LogRow<'a> {
             outcome,
             reason,
             deltas,
-            functions: Some(&o.functions),
+            functions: Some(Cow::Borrowed(&*o.functions)),
         }
     }
 
-    fn applied(o: &'a Outcome, delta: &Counters) -> LogRow<'a> {
-        LogRow::of(o, "applied", None, Some(counters_json(delta)))
+    /// A row about a whole event (every objective it reached).
+    fn event(
+        o: &'a Outcome,
+        outcome: &'static str,
+        reason: Option<&'a str>,
+        deltas: Option<Value>,
+        functions: Option<serde_json::Map<String, Value>>,
+    ) -> LogRow<'a> {
+        LogRow {
+            event_id: Some(&o.event_id),
+            user_id: Some(&o.user_id),
+            award_id: None,
+            objective_id: None,
+            outcome,
+            reason,
+            deltas,
+            functions: functions.map(|f| Cow::Owned(Value::Object(f))),
+        }
     }
 
     fn skip(o: &'a Outcome, reason: &'static str) -> LogRow<'a> {
@@ -725,7 +786,7 @@ impl<'a> LogRow<'a> {
             outcome: e.outcome,
             reason: Some(&e.reason),
             deltas: None,
-            functions: e.functions.as_deref(),
+            functions: e.functions.as_deref().map(Cow::Borrowed),
         }
     }
 }
@@ -744,7 +805,7 @@ async fn write_log(
     let outcome: Vec<&str> = rows.iter().map(|r| r.outcome).collect();
     let reason: Vec<Option<&str>> = rows.iter().map(|r| r.reason).collect();
     let deltas: Vec<Option<&Value>> = rows.iter().map(|r| r.deltas.as_ref()).collect();
-    let functions: Vec<Option<&Value>> = rows.iter().map(|r| r.functions).collect();
+    let functions: Vec<Option<&Value>> = rows.iter().map(|r| r.functions.as_deref()).collect();
     tx.execute(
         "INSERT INTO processing_log (source, event_id, user_id, award_id, objective_id, outcome, reason, deltas, functions)
          SELECT $1, * FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::jsonb[], $9::jsonb[])",

@@ -235,9 +235,6 @@ impl<'a> Contributions<'a> {
     }
 }
 
-const CONTRIBUTION_COLUMNS: &str =
-    "c.user_id, c.award_id, c.objective_id, c.content_id, c.counters, c.dedup_key, c.event_id";
-
 impl Store {
     /// Applies a batch (outcomes in stream order, an event's outcomes
     /// together) and its log entries in one transaction. `source` scopes
@@ -309,18 +306,7 @@ impl Store {
                 })
             })
             .collect();
-        let (cu, ca, co, cc) = unzip4(content_keys.iter().copied());
-        let content_rows = tx
-            .query(
-                &format!(
-                    "SELECT {CONTRIBUTION_COLUMNS} FROM contributions c
-                     JOIN unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS k(u, a, o, c)
-                       ON c.user_id = k.u AND c.award_id = k.a AND c.objective_id = k.o AND c.content_id = k.c"
-                ),
-                &[&cu, &ca, &co, &cc],
-            )
-            .await
-            .context("reading contributions")?;
+        let content_rows = read_contributions(&tx, "content_id", &content_keys).await?;
         let mut group_keys: BTreeSet<GroupKey<'_>> = BTreeSet::new();
         for o in outcomes {
             if let Effect::Contribution {
@@ -336,21 +322,7 @@ impl Store {
             view.load(row, &mut group_keys);
         }
         // ... and every member of the de-duplication groups involved.
-        let group_rows = if group_keys.is_empty() {
-            Vec::new()
-        } else {
-            let (gu, ga, go, gk) = unzip4(group_keys.iter().copied());
-            tx.query(
-                &format!(
-                    "SELECT {CONTRIBUTION_COLUMNS} FROM contributions c
-                     JOIN unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS k(u, a, o, d)
-                       ON c.user_id = k.u AND c.award_id = k.a AND c.objective_id = k.o AND c.dedup_key = k.d"
-                ),
-                &[&gu, &ga, &go, &gk],
-            )
-            .await
-            .context("reading de-duplication groups")?
-        };
+        let group_rows = read_contributions(&tx, "dedup_key", &group_keys).await?;
         let mut unused = BTreeSet::new();
         for row in &group_rows {
             view.load(row, &mut unused);
@@ -692,6 +664,28 @@ impl Store {
             .context("pruning applied events")?;
         Ok(log + applied)
     }
+}
+
+/// The stored contributions whose (user, award, objective, `last`) is one
+/// of `keys`; `last` is `content_id` or `dedup_key`.
+async fn read_contributions(
+    tx: &tokio_postgres::Transaction<'_>,
+    last: &'static str,
+    keys: &BTreeSet<(&str, &str, &str, &str)>,
+) -> Result<Vec<tokio_postgres::Row>, StoreError> {
+    if keys.is_empty() {
+        return Ok(Vec::new());
+    }
+    let (u, a, o, k) = unzip4(keys.iter().copied());
+    let sql = format!(
+        "SELECT c.user_id, c.award_id, c.objective_id, c.content_id, c.counters, c.dedup_key, c.event_id
+         FROM contributions c
+         JOIN unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS k(u, a, o, k)
+           ON c.user_id = k.u AND c.award_id = k.a AND c.objective_id = k.o AND c.{last} = k.k"
+    );
+    tx.query(&sql, &[&u, &a, &o, &k])
+        .await
+        .context("reading contributions")
 }
 
 fn unzip4<'a>(

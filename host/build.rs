@@ -31,6 +31,11 @@ fn main() {
     for watched in ["functions", "wit", "migrations", "Cargo.lock", "Cargo.toml"] {
         println!("cargo:rerun-if-changed={}", root.join(watched).display());
     }
+    // Cargo's hashes don't depend on where the checkout is, so two checkouts
+    // sharing a target directory (CI's clones do) share this script's output,
+    // and the paths above would be the other checkout's. Run again whenever
+    // cargo is started from somewhere else.
+    println!("cargo:rerun-if-env-changed=PWD");
 
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").unwrap());
     let target_dir = guest_target_dir(&out_dir);

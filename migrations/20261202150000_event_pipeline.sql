@@ -51,31 +51,31 @@ CREATE TABLE user_objective (
     PRIMARY KEY (user_id, award_id, objective_id)
 );
 
--- The last event applied to each content item (per source): an event
--- older than it changes nothing, the same event again changes nothing.
+-- Each content item (per source): the last event applied to it (an event
+-- older than it, or the same event again, changes nothing) and what it
+-- currently contributes to each objective, in one row:
+-- shares = {"<award>/<objective>": {"c": {counter: value}, "k": dedup key}}.
 CREATE TABLE content_items (
     user_id     text        NOT NULL,
     source      text        NOT NULL,
     content_id  text        NOT NULL,
     occurred_at timestamptz NOT NULL,
     event_id    text        NOT NULL,
+    shares      jsonb       NOT NULL DEFAULT '{}',
     PRIMARY KEY (user_id, source, content_id)
 );
 
--- What a content item currently contributes to an objective (only items
--- that ever contributed something have a row).
-CREATE TABLE contributions (
-    user_id      text        NOT NULL,
-    award_id     text        NOT NULL,
-    objective_id text        NOT NULL,
-    content_id   text        NOT NULL,
-    counters     jsonb       NOT NULL,
-    dedup_key    text,
-    event_id     text        NOT NULL,
-    PRIMARY KEY (user_id, award_id, objective_id, content_id)
+-- Which items share a de-duplication key (a user's reviews of one object),
+-- so a group's members can be found; only for contributions with a key.
+CREATE TABLE dedup_members (
+    user_id      text NOT NULL,
+    award_id     text NOT NULL,
+    objective_id text NOT NULL,
+    dedup_key    text NOT NULL,
+    source       text NOT NULL,
+    content_id   text NOT NULL,
+    PRIMARY KEY (user_id, award_id, objective_id, dedup_key, source, content_id)
 );
-CREATE INDEX contributions_dedup ON contributions (user_id, award_id, objective_id, dedup_key)
-    WHERE dedup_key IS NOT NULL;
 
 -- Additive (analytics) events already applied: re-delivery adds nothing.
 -- Kept for the retention period (see processing_log).

@@ -86,7 +86,6 @@ type ObjectiveKey<'a> = (&'a str, &'a str, &'a str); // user, award, objective
 struct Stored<'a> {
     counters: Counters,
     dedup_key: Option<&'a str>,
-    event_id: &'a str,
 }
 
 /// The last event applied to a content item.
@@ -140,8 +139,8 @@ struct Contributions<'a> {
     items: HashMap<ContentKey<'a>, Stored<'a>>,
     /// Members of each group touched (content ids).
     groups: HashMap<GroupKey<'a>, BTreeSet<&'a str>>,
-    /// Rows to write back.
-    dirty: BTreeSet<ContentKey<'a>>,
+    /// De-duplication keys that changed: (item, old key, new key).
+    rekeyed: Vec<(ContentKey<'a>, Option<&'a str>, Option<&'a str>)>,
 }
 
 impl<'a> Contributions<'a> {
@@ -179,10 +178,14 @@ impl<'a> Contributions<'a> {
         }
     }
 
-    /// Reads a stored contribution; `member` also registers it in its group.
-    fn load(&mut self, row: &'a tokio_postgres::Row, group_keys: &mut BTreeSet<GroupKey<'a>>) {
-        let key: ContentKey<'a> = (row.get(0), row.get(1), row.get(2), row.get(3));
-        let dedup_key: Option<&'a str> = row.get(5);
+    /// Loads one stored share of an item: `share` is `{"c": counters, "k": key}`.
+    fn load(
+        &mut self,
+        key: ContentKey<'a>,
+        share: &'a Value,
+        group_keys: &mut BTreeSet<GroupKey<'a>>,
+    ) {
+        let dedup_key = share.get("k").and_then(Value::as_str);
         if let Some(dedup) = dedup_key {
             group_keys.insert((key.0, key.1, key.2, dedup));
             self.groups
@@ -190,11 +193,10 @@ impl<'a> Contributions<'a> {
                 .or_default()
                 .insert(key.3);
         }
-        let counters: Value = row.get(4);
+        let counters = share.get("c").map(counters_from).unwrap_or_default();
         self.items.entry(key).or_insert(Stored {
-            counters: counters_from(&counters),
+            counters,
             dedup_key,
-            event_id: row.get(6),
         });
     }
 
@@ -226,8 +228,14 @@ impl<'a> Contributions<'a> {
                 .or_default()
                 .insert(content);
         }
+        let old_key = match previous {
+            Some(Unit::Group(old)) => Some(old),
+            _ => None,
+        };
+        if old_key != next.dedup_key {
+            self.rekeyed.push((key, old_key, next.dedup_key));
+        }
         self.items.insert(key, next);
-        self.dirty.insert(key);
         for unit in &units {
             add(&mut delta, &self.unit_value(objective_key, *unit), 1);
         }
@@ -263,7 +271,8 @@ impl Store {
             .context("locking users")?;
         }
 
-        // The last applied event of each content item in the batch.
+        // Each content item of the batch: the last event applied to it, and
+        // its shares of every objective.
         let item_keys: BTreeSet<(&str, &str)> = outcomes
             .iter()
             .filter_map(|o| o.content_id.as_deref().map(|c| (o.user_id.as_str(), c)))
@@ -271,13 +280,14 @@ impl Store {
         let (iu, ic): (Vec<&str>, Vec<&str>) = item_keys.iter().copied().unzip();
         let item_rows = tx
             .query(
-                "SELECT i.user_id, i.content_id, i.occurred_at, i.event_id FROM content_items i
+                "SELECT i.user_id, i.content_id, i.occurred_at, i.event_id, i.shares FROM content_items i
                  JOIN unnest($2::text[], $3::text[]) AS k(u, c) ON i.user_id = k.u AND i.content_id = k.c
                  WHERE i.source = $1",
                 &[&source, &iu, &ic],
             )
             .await
             .context("reading content items")?;
+        let item_shares: Vec<Value> = item_rows.iter().map(|r| r.get(4)).collect();
         let mut items: HashMap<(&str, &str), LastApplied<'_>> = item_rows
             .iter()
             .map(|r| {
@@ -292,21 +302,6 @@ impl Store {
             .collect();
         let mut dirty_items: BTreeSet<(&str, &str)> = BTreeSet::new();
 
-        // The contributions of the items this batch touches ...
-        let content_keys: BTreeSet<ContentKey<'_>> = outcomes
-            .iter()
-            .filter_map(|o| {
-                o.content_id.as_deref().map(|c| {
-                    (
-                        o.user_id.as_str(),
-                        o.award_id.as_str(),
-                        o.objective_id.as_str(),
-                        c,
-                    )
-                })
-            })
-            .collect();
-        let content_rows = read_contributions(&tx, "content_id", &content_keys).await?;
         let mut group_keys: BTreeSet<GroupKey<'_>> = BTreeSet::new();
         for o in outcomes {
             if let Effect::Contribution {
@@ -318,14 +313,42 @@ impl Store {
             }
         }
         let mut view = Contributions::default();
-        for row in &content_rows {
-            view.load(row, &mut group_keys);
+        for (row, shares) in item_rows.iter().zip(&item_shares) {
+            let (user, content): (&str, &str) = (row.get(0), row.get(1));
+            if let Value::Object(shares) = shares {
+                for (name, share) in shares {
+                    if let Some((award, objective)) = name.split_once('/') {
+                        view.load((user, award, objective, content), share, &mut group_keys);
+                    }
+                }
+            }
         }
         // ... and every member of the de-duplication groups involved.
-        let group_rows = read_contributions(&tx, "dedup_key", &group_keys).await?;
+        let member_rows = if group_keys.is_empty() {
+            Vec::new()
+        } else {
+            let (gu, ga, go, gk) = unzip4(group_keys.iter().copied());
+            tx.query(
+                "SELECT m.user_id, m.award_id, m.objective_id, m.content_id,
+                        coalesce(i.shares -> (m.award_id || '/' || m.objective_id), '{}'::jsonb)
+                 FROM dedup_members m
+                 JOIN unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS k(u, a, o, d)
+                   ON m.user_id = k.u AND m.award_id = k.a AND m.objective_id = k.o AND m.dedup_key = k.d
+                 JOIN content_items i
+                   ON i.user_id = m.user_id AND i.source = m.source AND i.content_id = m.content_id",
+                &[&gu, &ga, &go, &gk],
+            )
+            .await
+            .context("reading de-duplication groups")?
+        };
+        let member_shares: Vec<Value> = member_rows.iter().map(|r| r.get(4)).collect();
         let mut unused = BTreeSet::new();
-        for row in &group_rows {
-            view.load(row, &mut unused);
+        for (row, share) in member_rows.iter().zip(&member_shares) {
+            view.load(
+                (row.get(0), row.get(1), row.get(2), row.get(3)),
+                share,
+                &mut unused,
+            );
         }
 
         // Additive events already applied (re-delivery adds nothing).
@@ -438,7 +461,6 @@ impl Store {
                             Stored {
                                 counters,
                                 dedup_key,
-                                event_id: &o.event_id,
                             },
                         )
                     }
@@ -489,37 +511,86 @@ impl Store {
             }
         }
 
-        // Write back: items, contributions, counters (new versions), applied
-        // ids, log.
+        // Write back: items (with their shares), group memberships, counters
+        // (new versions), applied ids, log.
         if !dirty_items.is_empty() {
+            let mut shares: BTreeMap<(&str, &str), serde_json::Map<String, Value>> = dirty_items
+                .iter()
+                .map(|k| (*k, serde_json::Map::new()))
+                .collect();
+            for ((user, award, objective, content), stored) in &view.items {
+                if stored.counters.is_empty() && stored.dedup_key.is_none() {
+                    continue;
+                }
+                if let Some(map) = shares.get_mut(&(*user, *content)) {
+                    let mut share = serde_json::Map::new();
+                    share.insert("c".into(), counters_json(&stored.counters));
+                    if let Some(key) = stored.dedup_key {
+                        share.insert("k".into(), Value::String(key.to_string()));
+                    }
+                    map.insert(format!("{award}/{objective}"), Value::Object(share));
+                }
+            }
             let (u, c): (Vec<&str>, Vec<&str>) = dirty_items.iter().copied().unzip();
             let at: Vec<DateTime<Utc>> = dirty_items.iter().map(|k| items[k].occurred_at).collect();
             let event: Vec<&str> = dirty_items.iter().map(|k| items[k].event_id).collect();
+            let shares: Vec<Value> = shares.into_values().map(Value::Object).collect();
             tx.execute(
-                "INSERT INTO content_items (user_id, source, content_id, occurred_at, event_id)
-                 SELECT u, $1, c, t, e FROM unnest($2::text[], $3::text[], $4::timestamptz[], $5::text[]) AS k(u, c, t, e)
+                "INSERT INTO content_items (user_id, source, content_id, occurred_at, event_id, shares)
+                 SELECT u, $1, c, t, e, s
+                 FROM unnest($2::text[], $3::text[], $4::timestamptz[], $5::text[], $6::jsonb[]) AS k(u, c, t, e, s)
                  ON CONFLICT (user_id, source, content_id) DO UPDATE SET
-                     occurred_at = EXCLUDED.occurred_at, event_id = EXCLUDED.event_id",
-                &[&source, &u, &c, &at, &event],
+                     occurred_at = EXCLUDED.occurred_at, event_id = EXCLUDED.event_id, shares = EXCLUDED.shares",
+                &[&source, &u, &c, &at, &event, &shares],
             )
             .await
             .context("writing content items")?;
         }
-        if !view.dirty.is_empty() {
-            let (u, a, o, c) = unzip4(view.dirty.iter().copied());
-            let stored: Vec<&Stored<'_>> = view.dirty.iter().map(|k| &view.items[k]).collect();
-            let counters: Vec<Value> = stored.iter().map(|s| counters_json(&s.counters)).collect();
-            let dedup: Vec<Option<&str>> = stored.iter().map(|s| s.dedup_key).collect();
-            let event: Vec<&str> = stored.iter().map(|s| s.event_id).collect();
-            tx.execute(
-                "INSERT INTO contributions (user_id, award_id, objective_id, content_id, counters, dedup_key, event_id)
-                 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::jsonb[], $6::text[], $7::text[])
-                 ON CONFLICT (user_id, award_id, objective_id, content_id) DO UPDATE SET
-                     counters = EXCLUDED.counters, dedup_key = EXCLUDED.dedup_key, event_id = EXCLUDED.event_id",
-                &[&u, &a, &o, &c, &counters, &dedup, &event],
-            )
-            .await
-            .context("writing contributions")?;
+        if !view.rekeyed.is_empty() {
+            // An item may change key more than once in a batch: what counts
+            // is its key before the batch and after it.
+            let mut net: BTreeMap<ContentKey<'_>, (Option<&str>, Option<&str>)> = BTreeMap::new();
+            for (key, old, new) in &view.rekeyed {
+                net.entry(*key)
+                    .and_modify(|(_, last)| *last = *new)
+                    .or_insert((*old, *new));
+            }
+            let left: Vec<(ContentKey<'_>, &str)> = net
+                .iter()
+                .filter(|(_, (before, after))| before != after)
+                .filter_map(|(k, (before, _))| before.map(|b| (*k, b)))
+                .collect();
+            let joined: Vec<(ContentKey<'_>, &str)> = net
+                .iter()
+                .filter(|(_, (before, after))| before != after)
+                .filter_map(|(k, (_, after))| after.map(|a| (*k, a)))
+                .collect();
+            for (rows, sql, context) in [
+                (
+                    &left,
+                    "DELETE FROM dedup_members m USING unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[]) AS k(u, a, o, d, c)
+                     WHERE m.user_id = k.u AND m.award_id = k.a AND m.objective_id = k.o AND m.dedup_key = k.d
+                       AND m.source = $1 AND m.content_id = k.c",
+                    "leaving de-duplication groups",
+                ),
+                (
+                    &joined,
+                    "INSERT INTO dedup_members (user_id, award_id, objective_id, dedup_key, source, content_id)
+                     SELECT u, a, o, d, $1, c FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[]) AS k(u, a, o, d, c)
+                     ON CONFLICT DO NOTHING",
+                    "joining de-duplication groups",
+                ),
+            ] {
+                if rows.is_empty() {
+                    continue;
+                }
+                let u: Vec<&str> = rows.iter().map(|(k, _)| k.0).collect();
+                let a: Vec<&str> = rows.iter().map(|(k, _)| k.1).collect();
+                let o: Vec<&str> = rows.iter().map(|(k, _)| k.2).collect();
+                let d: Vec<&str> = rows.iter().map(|(_, d)| *d).collect();
+                let c: Vec<&str> = rows.iter().map(|(k, _)| k.3).collect();
+                tx.execute(sql, &[&source, &u, &a, &o, &d, &c]).await.context(context)?;
+            }
         }
         let deltas: Vec<(ObjectiveKey<'_>, Counters)> = deltas
             .into_iter()
@@ -664,28 +735,6 @@ impl Store {
             .context("pruning applied events")?;
         Ok(log + applied)
     }
-}
-
-/// The stored contributions whose (user, award, objective, `last`) is one
-/// of `keys`; `last` is `content_id` or `dedup_key`.
-async fn read_contributions(
-    tx: &tokio_postgres::Transaction<'_>,
-    last: &'static str,
-    keys: &BTreeSet<(&str, &str, &str, &str)>,
-) -> Result<Vec<tokio_postgres::Row>, StoreError> {
-    if keys.is_empty() {
-        return Ok(Vec::new());
-    }
-    let (u, a, o, k) = unzip4(keys.iter().copied());
-    let sql = format!(
-        "SELECT c.user_id, c.award_id, c.objective_id, c.content_id, c.counters, c.dedup_key, c.event_id
-         FROM contributions c
-         JOIN unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS k(u, a, o, k)
-           ON c.user_id = k.u AND c.award_id = k.a AND c.objective_id = k.o AND c.{last} = k.k"
-    );
-    tx.query(&sql, &[&u, &a, &o, &k])
-        .await
-        .context("reading contributions")
 }
 
 fn unzip4<'a>(

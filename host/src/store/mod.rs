@@ -50,11 +50,27 @@ pub enum StoreError {
         applied: String,
         file: String,
     },
-    #[error("database error while {context}: {source}")]
+    #[error("database error while {context}: {}", describe_error(.source))]
     Query {
         context: &'static str,
         source: tokio_postgres::Error,
     },
+}
+
+/// tokio-postgres says only "db error" for a server error: say what the
+/// server said.
+fn describe_error(error: &tokio_postgres::Error) -> String {
+    match error.as_db_error() {
+        Some(db) => {
+            let mut text = format!("{} ({})", db.message(), db.code().code());
+            if let Some(detail) = db.detail() {
+                text.push_str(": ");
+                text.push_str(detail);
+            }
+            text
+        }
+        None => error.to_string(),
+    }
 }
 
 pub(crate) trait QueryContext<T> {

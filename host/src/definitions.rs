@@ -12,7 +12,8 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::registry::Registry;
+use crate::registry::{Binding, Registry};
+use crate::runtime::FilterInstance;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -149,11 +150,14 @@ fn valid_id(id: &str) -> bool {
 /// Checks definitions against the registry: every function resolves, is of
 /// the right kind, and accepts its config (creating an instance of it is the
 /// check). Returns every problem found.
+///
+/// Returns the sources the objectives' filters name (to register them).
 pub fn validate(
     definitions: &[AwardDefinition],
     registry: &Arc<Registry>,
-) -> Result<(), InvalidDefinitions> {
+) -> Result<BTreeSet<String>, InvalidDefinitions> {
     let mut errors = Vec::new();
+    let mut sources = BTreeSet::new();
     let mut seen_awards = HashSet::new();
     for award in definitions {
         let at =
@@ -191,11 +195,14 @@ pub fn validate(
             if objective.progress_counter.is_empty() {
                 errors.push(at(Some(id), None, "progress_counter is empty".into()));
             }
+            let mut filters = Vec::new();
             for filter in &objective.filters {
-                if let Err(error) = registry.bind_filter(&filter.name, &filter.config_text()) {
-                    errors.push(at(Some(id), Some(&filter.name), error.to_string()));
+                match registry.bind_filter(&filter.name, &filter.config_text()) {
+                    Ok(binding) => filters.push(binding),
+                    Err(error) => errors.push(at(Some(id), Some(&filter.name), error.to_string())),
                 }
             }
+            sources.extend(sources_of(&mut filters).into_iter().flatten());
             if let Err(error) =
                 registry.bind_rule(&objective.rule.name, &objective.rule.config_text())
             {
@@ -229,35 +236,18 @@ pub fn validate(
         }
     }
     if errors.is_empty() {
-        Ok(())
+        Ok(sources)
     } else {
         Err(InvalidDefinitions(errors))
     }
 }
 
-impl AwardDefinition {
-    /// The sources its objectives can match; `None` if some objective can
-    /// match any source.
-    pub fn objective_sources(&self, registry: &Arc<Registry>) -> Vec<Option<Vec<String>>> {
-        self.objectives
-            .iter()
-            .map(|objective| objective_sources(objective, registry))
-            .collect()
-    }
-}
-
-/// The sources an objective's filter chain can match (the intersection of
-/// its filters' answers), or `None` when it can match any.
-pub fn objective_sources(
-    objective: &ObjectiveDefinition,
-    registry: &Arc<Registry>,
-) -> Option<Vec<String>> {
+/// The sources a filter chain can match (the intersection of its filters'
+/// answers), or `None` when it can match any.
+pub fn sources_of(filters: &mut [Binding<FilterInstance>]) -> Option<BTreeSet<String>> {
     let mut sources: Option<BTreeSet<String>> = None;
-    for filter in &objective.filters {
-        let Ok(mut binding) = registry.bind_filter(&filter.name, &filter.config_text()) else {
-            continue;
-        };
-        if let Some(these) = binding.instance().sources() {
+    for filter in filters {
+        if let Some(these) = filter.instance().sources() {
             let these: BTreeSet<String> = these.iter().cloned().collect();
             sources = Some(match sources {
                 Some(previous) => previous.intersection(&these).cloned().collect(),
@@ -265,7 +255,7 @@ pub fn objective_sources(
             });
         }
     }
-    sources.map(|s| s.into_iter().collect())
+    sources
 }
 
 /// Why applying definitions failed.
@@ -289,17 +279,7 @@ pub async fn apply(
         let registry = registry.clone();
         let definitions = definitions.clone();
         // Checking instantiates components: CPU work, off the async workers.
-        tokio::task::spawn_blocking(move || {
-            validate(&definitions, &registry)?;
-            let mut sources = BTreeSet::new();
-            for award in &definitions {
-                for objective_sources in award.objective_sources(&registry).into_iter().flatten() {
-                    sources.extend(objective_sources);
-                }
-            }
-            Ok::<_, InvalidDefinitions>(sources)
-        })
-        .await
+        tokio::task::spawn_blocking(move || validate(&definitions, &registry)).await
     };
     let sources = match checked {
         Ok(result) => result?,

@@ -442,7 +442,8 @@ impl SourceConsumer {
             self.plan_generation = generation;
         }
         let mut plan = self.plan.take().expect("planned above");
-        let envelopes: Vec<Envelope> = admitted.iter().map(|(_, e)| e.clone()).collect();
+        // Batch positions stay here; the envelopes move to the blocking thread.
+        let (admitted, envelopes): (Vec<usize>, Vec<Envelope>) = admitted.into_iter().unzip();
         let evaluating = std::time::Instant::now();
         let (plan, evaluation) = tokio::task::spawn_blocking(move || {
             let evaluation = plan.evaluate(&envelopes);
@@ -452,14 +453,14 @@ impl SourceConsumer {
         let evaluate_us = evaluating.elapsed().as_micros() as u64;
         self.plan = Some(plan);
         for rejected in &evaluation.rejected {
-            dead.push((admitted[rejected.index].0, rejected.reason.clone()));
+            dead.push((admitted[rejected.index], rejected.reason.clone()));
         }
         for (index, reason) in &dead {
             let message = &batch[*index];
             if !evaluation
                 .rejected
                 .iter()
-                .any(|r| admitted[r.index].0 == *index)
+                .any(|r| admitted[r.index] == *index)
             {
                 let event_id = message
                     .payload()

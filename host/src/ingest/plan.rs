@@ -55,28 +55,30 @@ impl Plan {
         let mut unbound = Vec::new();
         for award in awards {
             for objective in &award.objectives {
-                if let Some(sources) = definitions::objective_sources(objective, registry)
-                    && !sources.iter().any(|s| s == source)
-                {
-                    continue;
-                }
                 let bound = (|| {
-                    let filters = objective
+                    let mut filters = objective
                         .filters
                         .iter()
                         .map(|f| registry.bind_filter(&f.name, &f.config_text()))
                         .collect::<Result<Vec<_>, _>>()?;
+                    if let Some(sources) = definitions::sources_of(&mut filters)
+                        && !sources.contains(source)
+                    {
+                        return Ok(None);
+                    }
                     let rule =
                         registry.bind_rule(&objective.rule.name, &objective.rule.config_text())?;
-                    Ok::<_, crate::registry::RegistryError>(ObjectivePlan {
+                    Ok::<_, crate::registry::RegistryError>(Some(ObjectivePlan {
                         award_id: award.id.clone(),
                         objective_id: objective.id.clone(),
                         filters,
                         rule,
-                    })
+                    }))
                 })();
                 match bound {
-                    Ok(plan) => objectives.push(plan),
+                    Ok(Some(plan)) => objectives.push(plan),
+                    // Its filters never match this source.
+                    Ok(None) => {}
                     Err(error) => {
                         let reason =
                             format!("award {}, objective {}: {error}", award.id, objective.id);

@@ -68,8 +68,6 @@ pub struct LogEntry {
 pub struct Applied {
     /// Outcomes that changed counters.
     pub changed: usize,
-    /// Outcomes that changed nothing (duplicates, stale, no difference).
-    pub unchanged: usize,
     /// user_objective rows written.
     pub objectives: usize,
 }
@@ -395,11 +393,9 @@ impl Store {
                             first,
                             "older than the last applied event for this content item",
                         ));
-                        applied.unchanged += event.len();
                         continue;
                     }
                     if first.occurred_at == last.occurred_at && first.event_id == last.event_id {
-                        applied.unchanged += event.len();
                         continue;
                     }
                 }
@@ -427,7 +423,6 @@ impl Store {
                             || !added_here.insert((&o.event_id, &o.award_id, &o.objective_id))
                         {
                             duplicate = true;
-                            applied.unchanged += 1;
                             continue;
                         }
                         if newly_applied.last() != Some(&o.event_id.as_str())
@@ -453,7 +448,6 @@ impl Store {
                             && dedup_key.is_none()
                             && !view.items.contains_key(&key)
                         {
-                            applied.unchanged += 1;
                             continue;
                         }
                         view.replace(
@@ -474,7 +468,6 @@ impl Store {
                     }
                 };
                 if delta.is_empty() {
-                    applied.unchanged += 1;
                     continue;
                 }
                 applied.changed += 1;

@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
 use tracing::{info, warn};
 
 use crate::catalog::Catalog;
@@ -16,7 +18,7 @@ use crate::registry::Registry;
 use crate::runtime::{FunctionKind, Runtime};
 use crate::settings::Settings;
 use crate::store::{PushOutcome, Store};
-use crate::{definitions, demo, library};
+use crate::{awards, definitions, demo, library, notify};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -43,7 +45,8 @@ enum Command {
     },
     /// Run some roles only (several processes may run the same roles).
     Serve {
-        /// Comma-separated: ingest (more roles arrive with their issues).
+        /// Comma-separated: ingest, awards, notify (api and prefilter arrive
+        /// with their issues).
         #[arg(long, value_delimiter = ',', required = true)]
         roles: Vec<String>,
     },
@@ -65,7 +68,12 @@ enum Command {
         #[command(subcommand)]
         command: SourcesCommand,
     },
-    /// Users who get no awards.
+    /// Where award notifications are delivered.
+    Webhooks {
+        #[command(subcommand)]
+        command: WebhooksCommand,
+    },
+    /// Users: their awards, and who gets none.
     Users {
         #[command(subcommand)]
         command: UsersCommand,
@@ -103,8 +111,27 @@ enum AwardsCommand {
     /// Create or replace the award definitions in FILE (one object or an
     /// array), all or nothing.
     Apply { file: PathBuf },
-    /// List award definitions.
+    /// List award definitions (and backfills in progress).
     List,
+    /// Compute an award again for every user with counters for it (e.g.
+    /// after its strategy function was fixed).
+    Recompute { id: String },
+}
+
+#[derive(Debug, Subcommand)]
+enum WebhooksCommand {
+    /// Create or replace a webhook.
+    Set {
+        name: String,
+        url: String,
+        /// Comma-separated: award.completed, award.revoked.
+        #[arg(long, value_delimiter = ',', default_value = "award.completed")]
+        events: Vec<String>,
+    },
+    /// List webhooks.
+    List,
+    /// Delete a webhook (its pending notifications are given up).
+    Delete { name: String },
 }
 
 #[derive(Debug, Subcommand)]
@@ -125,6 +152,8 @@ enum SourcesCommand {
 
 #[derive(Debug, Subcommand)]
 enum UsersCommand {
+    /// A user's award progress, as the awards worker last computed it.
+    Show { user_id: String },
     /// A banned user's events are skipped (logged).
     Ban { user_id: String },
     /// A deleted user's events are skipped (logged).
@@ -193,10 +222,15 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Functions { command } => functions(&settings, command).await,
         Command::Awards { command } => awards(&settings, command).await,
         Command::Sources { command } => sources(&settings, command).await,
+        Command::Webhooks { command } => webhooks(&settings, command).await,
         Command::Users { command } => {
             let mut store = Store::connect(&settings.database_url).await?;
             store.migrate().await?;
+            if let UsersCommand::Show { user_id } = &command {
+                return show_user(&store, user_id).await;
+            }
             let (user, state) = match &command {
+                UsersCommand::Show { .. } => unreachable!("handled above"),
                 UsersCommand::Ban { user_id } => (user_id, "banned"),
                 UsersCommand::Delete { user_id } => (user_id, "deleted"),
                 UsersCommand::Restore { user_id } => (user_id, "active"),
@@ -315,6 +349,71 @@ async fn awards(settings: &Settings, command: AwardsCommand) -> anyhow::Result<(
                     row.id, row.version, row.enabled, objectives
                 );
             }
+            for backfill in store.backfills().await?.iter().filter(|b| !b.finished) {
+                println!(
+                    "backfill of {} v{} in progress: {} users marked since {}",
+                    backfill.award_id,
+                    backfill.award_version,
+                    backfill.marked,
+                    backfill.started_at.to_rfc3339()
+                );
+            }
+        }
+        AwardsCommand::Recompute { id } => {
+            let mut store = Store::connect(&settings.database_url).await?;
+            store.migrate().await?;
+            anyhow::ensure!(store.request_backfill(&id).await?, "no award named {id}");
+            println!("{id} will be computed again for every user with counters for it");
+        }
+    }
+    Ok(())
+}
+
+async fn show_user(store: &Store, user_id: &str) -> anyhow::Result<()> {
+    println!(
+        "{:<24} {:>10} {:>10} {:<8} {:<10} {:<25} error",
+        "AWARD", "PROGRESS", "GOAL", "STARTED", "COMPLETED", "COMPLETED AT"
+    );
+    for (award, state) in store.user_achievements(user_id).await? {
+        println!(
+            "{:<24} {:>10} {:>10} {:<8} {:<10} {:<25} {}",
+            award,
+            state.progress,
+            state.goal,
+            state.started,
+            state.completed,
+            state
+                .completed_at
+                .map(|t| t.to_rfc3339())
+                .unwrap_or_default(),
+            state.error.unwrap_or_default()
+        );
+    }
+    Ok(())
+}
+
+async fn webhooks(settings: &Settings, command: WebhooksCommand) -> anyhow::Result<()> {
+    let mut store = Store::connect(&settings.database_url).await?;
+    store.migrate().await?;
+    match command {
+        WebhooksCommand::Set { name, url, events } => {
+            let webhook =
+                notify::checked_webhook(&name, &url, &events, None).map_err(anyhow::Error::msg)?;
+            store.set_webhook(&webhook).await?;
+            println!("webhook {name} -> {url} ({})", events.join(", "));
+        }
+        WebhooksCommand::List => {
+            println!("{:<20} {:<48} events", "NAME", "URL");
+            for w in store.webhooks().await? {
+                println!("{:<20} {:<48} {}", w.name, w.url, w.events.join(","));
+            }
+        }
+        WebhooksCommand::Delete { name } => {
+            anyhow::ensure!(
+                store.delete_webhook(&name).await?,
+                "no webhook named {name}"
+            );
+            println!("webhook {name} deleted");
         }
     }
     Ok(())
@@ -417,14 +516,8 @@ pub async fn up(
             }
         });
     }
-    run_roles(
-        settings,
-        &brokers,
-        &["ingest".to_string()],
-        registry,
-        shutdown,
-    )
-    .await
+    let roles = ["ingest", "awards", "notify"].map(String::from);
+    run_roles(settings, &brokers, &roles, registry, shutdown).await
 }
 
 /// Creates `events.<source>` and its dead-letter topic on the local broker
@@ -445,7 +538,7 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
     const KNOWN: &[&str] = &["ingest", "awards", "notify", "api", "prefilter"];
-    const BUILT: &[&str] = &["ingest"];
+    const BUILT: &[&str] = &["ingest", "awards", "notify"];
     for role in roles {
         anyhow::ensure!(
             KNOWN.contains(&role.as_str()),
@@ -458,15 +551,22 @@ pub async fn serve(
             BUILT.join(", ")
         );
     }
-    let brokers = settings
-        .kafka_brokers
-        .clone()
-        .context("LAUREL_KAFKA_BROKERS (or --kafka-brokers) must name the brokers for `serve`; `laurel up` runs a local one")?;
+    let brokers = match &settings.kafka_brokers {
+        Some(brokers) => brokers.clone(),
+        None if roles.iter().any(|r| r == "ingest") => anyhow::bail!(
+            "LAUREL_KAFKA_BROKERS (or --kafka-brokers) must name the brokers for `serve --roles ingest`; `laurel up` runs a local one"
+        ),
+        None => String::new(),
+    };
     let runtime = sandbox(settings)?;
     prepare(settings, &runtime).await?;
     let registry = Registry::start(&settings.database_url, runtime).await?;
     run_roles(settings, &brokers, roles, registry, shutdown).await
 }
+
+/// A running role: its name and how it ended.
+type RoleTask<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = (&'a str, anyhow::Result<()>)> + Send + 'a>>;
 
 async fn run_roles(
     settings: &Settings,
@@ -481,20 +581,73 @@ async fn run_roles(
         settings.database_url.clone(),
         settings.log_retention_days,
     ));
-    let result = if roles.contains("ingest") {
-        info!(message = "Ingest starting.", brokers = %brokers);
-        ingest::run(
-            settings.ingest(brokers),
-            &settings.database_url,
-            registry,
-            catalog,
-            shutdown,
-        )
-        .await
-    } else {
-        shutdown.await;
-        Ok(())
+    // Every role stops when `shutdown` resolves, or when another role
+    // fails.
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let until_stopped = |mut stopped: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = stopped.wait_for(|stop| *stop).await;
     };
+    let mut running: FuturesUnordered<RoleTask<'_>> = FuturesUnordered::new();
+    if roles.contains("ingest") {
+        info!(message = "Ingest starting.", brokers = %brokers);
+        let stopped = until_stopped(stopped.clone());
+        let (registry, catalog) = (registry.clone(), catalog.clone());
+        running.push(Box::pin(async move {
+            let result = ingest::run(
+                settings.ingest(brokers),
+                &settings.database_url,
+                registry,
+                catalog,
+                stopped,
+            )
+            .await;
+            ("ingest", result)
+        }));
+    }
+    if roles.contains("awards") {
+        info!(
+            message = "Awards worker starting.",
+            workers = settings.awards().workers
+        );
+        let stopped = until_stopped(stopped.clone());
+        let (registry, catalog) = (registry.clone(), catalog.clone());
+        running.push(Box::pin(async move {
+            let result = awards::run(
+                settings.awards(),
+                &settings.database_url,
+                registry,
+                catalog,
+                stopped,
+            )
+            .await;
+            ("awards", result)
+        }));
+    }
+    if roles.contains("notify") {
+        info!(message = "Notifier starting.");
+        let stopped = until_stopped(stopped.clone());
+        running.push(Box::pin(async move {
+            let result = notify::run(settings.notify(), &settings.database_url, stopped).await;
+            ("notify", result)
+        }));
+    }
+    tokio::pin!(shutdown);
+    let mut result = Ok(());
+    tokio::select! {
+        _ = &mut shutdown => {}
+        Some((role, ended)) = running.next() => {
+            result = ended.with_context(|| format!("role {role} stopped"));
+            if result.is_ok() {
+                warn!(message = "A role ended on its own; stopping the others.", role);
+            }
+        }
+    }
+    let _ = stop.send(true);
+    while let Some((role, ended)) = running.next().await {
+        if let Err(error) = ended {
+            warn!(message = "A role failed while stopping.", role, error = %format!("{error:#}"));
+        }
+    }
     retention.abort();
     info!(message = "Shut down.");
     result

@@ -1,6 +1,7 @@
 //! Laurel: an achievements engine whose award logic ships as sandboxed
 //! WebAssembly. See ARCHITECTURE.md for the map.
 
+pub mod awards;
 pub mod catalog;
 pub mod cli;
 pub mod definitions;
@@ -8,6 +9,7 @@ pub mod demo;
 pub mod event;
 pub mod ingest;
 pub mod library;
+pub mod notify;
 pub mod registry;
 pub mod runtime;
 pub mod settings;

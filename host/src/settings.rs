@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use clap::Args;
 
+use crate::awards::AwardsSettings;
 use crate::ingest::IngestSettings;
+use crate::notify::NotifySettings;
 use crate::runtime::Limits;
 
 #[derive(Debug, Clone, Args)]
@@ -100,6 +102,61 @@ pub struct Settings {
         default_value_t = 5
     )]
     pub function_quarantine_after: u32,
+
+    /// Most changed (user, award) pairs an awards worker computes per
+    /// cycle (one transaction).
+    #[arg(
+        long,
+        global = true,
+        env = "LAUREL_AWARDS_BATCH",
+        default_value_t = 2000
+    )]
+    pub awards_batch: i64,
+
+    /// Awards worker tasks per process.
+    #[arg(
+        long,
+        global = true,
+        env = "LAUREL_AWARDS_WORKERS",
+        default_value_t = 1
+    )]
+    pub awards_workers: usize,
+
+    /// Attempts before a webhook notification is given up.
+    #[arg(
+        long,
+        global = true,
+        env = "LAUREL_WEBHOOK_MAX_ATTEMPTS",
+        default_value_t = 12
+    )]
+    pub webhook_max_attempts: i32,
+
+    /// Wait after a failed delivery, in milliseconds; doubles per attempt.
+    #[arg(
+        long,
+        global = true,
+        env = "LAUREL_WEBHOOK_BACKOFF_MS",
+        default_value_t = 1000
+    )]
+    pub webhook_backoff_ms: u64,
+
+    /// Longest wait between delivery attempts, in milliseconds.
+    #[arg(
+        long,
+        global = true,
+        env = "LAUREL_WEBHOOK_BACKOFF_CAP_MS",
+        default_value_t = 600_000
+    )]
+    pub webhook_backoff_cap_ms: u64,
+
+    /// One webhook request's time limit, in milliseconds.
+    #[arg(
+        long,
+        global = true,
+        env = "LAUREL_WEBHOOK_TIMEOUT_MS",
+        default_value_t = 10_000
+    )]
+    pub webhook_timeout_ms: u64,
 }
 
 impl Settings {
@@ -121,6 +178,26 @@ impl Settings {
             max_event_bytes: self.max_event_bytes,
             session_timeout: Duration::from_millis(self.kafka_session_timeout_ms),
             ..IngestSettings::new(brokers)
+        }
+    }
+
+    pub fn awards(&self) -> AwardsSettings {
+        AwardsSettings {
+            batch: self.awards_batch.max(1),
+            workers: self.awards_workers.max(1),
+            ..AwardsSettings::default()
+        }
+    }
+
+    pub fn notify(&self) -> NotifySettings {
+        NotifySettings {
+            max_attempts: self.webhook_max_attempts.max(1),
+            backoff: Duration::from_millis(self.webhook_backoff_ms),
+            backoff_cap: Duration::from_millis(
+                self.webhook_backoff_cap_ms.max(self.webhook_backoff_ms),
+            ),
+            timeout: Duration::from_millis(self.webhook_timeout_ms.max(1)),
+            ..NotifySettings::default()
         }
     }
 

@@ -58,6 +58,15 @@ impl Store {
             )
             .await
             .context("recording an award's history")?;
+            // Every user with counters for it gets it computed again.
+            tx.execute(
+                "INSERT INTO award_backfills (award_id, award_version) VALUES ($1, $2)
+                 ON CONFLICT (award_id) DO UPDATE SET award_version = EXCLUDED.award_version,
+                     next_user = '', marked = 0, started_at = now(), finished_at = NULL",
+                &[id, &version],
+            )
+            .await
+            .context("requesting an award's backfill")?;
             tx.execute("SELECT pg_notify($1, $2)", &[&AWARDS_CHANNEL, id])
                 .await
                 .context("announcing an award")?;
@@ -102,6 +111,9 @@ impl Store {
         )
         .await
         .context("recording an award's deletion")?;
+        tx.execute("DELETE FROM award_backfills WHERE award_id = $1", &[&id])
+            .await
+            .context("cancelling an award's backfill")?;
         tx.execute("SELECT pg_notify($1, $2)", &[&AWARDS_CHANNEL, &id])
             .await
             .context("announcing an award")?;

@@ -120,7 +120,7 @@ fn counters_json(counters: &Counters) -> Value {
     json!(counters)
 }
 
-fn counters_from(value: &Value) -> Counters {
+pub(crate) fn counters_from(value: &Value) -> Counters {
     value
         .as_object()
         .map(|map| {
@@ -699,8 +699,8 @@ impl Store {
             .collect())
     }
 
-    /// Deletes processing-log rows and applied-event ids older than their
-    /// retention, a bounded number per call; returns how many went.
+    /// Deletes processing-log rows, applied-event ids and finished
+    /// notifications older than their retention, a bounded number per call; returns how many went.
     pub async fn prune(
         &self,
         log_days: i32,
@@ -726,7 +726,18 @@ impl Store {
             )
             .await
             .context("pruning applied events")?;
-        Ok(log + applied)
+        // Finished deliveries; the transitions they announced stay.
+        let notifications = self
+            .client()
+            .execute(
+                "DELETE FROM notifications WHERE id IN (
+                     SELECT id FROM notifications
+                     WHERE state <> 'pending' AND finished_at < now() - make_interval(days => $1) LIMIT $2)",
+                &[&log_days, &limit],
+            )
+            .await
+            .context("pruning finished notifications")?;
+        Ok(log + applied + notifications)
     }
 }
 

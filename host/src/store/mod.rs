@@ -3,15 +3,22 @@
 //! **Architecture Invariant:** only this module imports `tokio_postgres`.
 //! Other modules get typed rows and typed errors.
 
+mod achievements;
 mod awards;
 mod counters;
 mod functions;
 mod migrations;
+mod notifications;
 
+pub use achievements::{
+    AchieveState, AchieveUpdate, Backfill, ChangedAward, ClaimedChanges, CycleReport,
+    OUTBOX_CHANNEL, ObjectiveCounters, Transition, TransitionKind, TransitionRow,
+};
 pub use awards::{AWARDS_CHANNEL, AwardRow, SOURCES_CHANNEL, SourceRow};
 pub use counters::{Applied, Counters, Effect, LogEntry, Outcome};
 pub use functions::{FunctionRow, FunctionVersion, PushOutcome};
 pub use migrations::MIGRATIONS;
+pub use notifications::{Delivery, NotificationRow, Webhook};
 
 use std::time::Duration;
 

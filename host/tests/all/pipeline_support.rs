@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use laurel::awards::{AwardsSettings, AwardsWorker};
 use laurel::catalog::Catalog;
 use laurel::ingest::{self, IngestSettings, LocalBroker};
 use laurel::library;
@@ -238,6 +239,12 @@ impl Pipeline {
         .collect()
     }
 
+    /// An awards worker on this pipeline's database, with a registry and a
+    /// catalog of its own (as a separate process would have).
+    pub async fn awards_worker(&self) -> AwardsWorker {
+        awards_worker(&self.db.url, AwardsSettings::default()).await
+    }
+
     pub async fn stop(mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
@@ -247,6 +254,13 @@ impl Pipeline {
         }
         self.db.drop_database().await;
     }
+}
+
+pub async fn awards_worker(url: &str, settings: AwardsSettings) -> AwardsWorker {
+    let catalog = Catalog::start(url).await.unwrap();
+    AwardsWorker::new(url, own_registry(url).await, catalog, settings)
+        .await
+        .unwrap()
 }
 
 /// Ingest gets a registry of its own, as a separate process would.

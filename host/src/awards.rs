@@ -1,0 +1,556 @@
+//! The awards worker: turns changed objective counters into award progress
+//! (through each award's strategy function), completes and revokes awards,
+//! and queues their notifications, all in one transaction per cycle.
+//!
+//! Which awards to compute comes from `award_changes` markers, written by
+//! the transaction that changed the counters and claimed here with `SKIP
+//! LOCKED`: a cycle costs what changed, not the size of the tables, and
+//! several workers (tasks or processes) never compute one pair at once.
+//! Backfills (a new or changed award) write markers too, a bounded batch at
+//! a time while the queue is short, so live changes are not starved.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use futures_util::FutureExt;
+use tracing::{info, warn};
+
+use crate::catalog::Catalog;
+use crate::definitions::{AwardDefinition, Revocation};
+use crate::registry::{Binding, Registry};
+use crate::runtime::{Counter, ObjectiveState, Progress, StrategyInstance};
+use crate::store::{
+    AchieveState, AchieveUpdate, ChangedAward, CycleReport, Store, StoreError, Transition,
+    TransitionKind,
+};
+
+#[derive(Debug, Clone)]
+pub struct AwardsSettings {
+    /// Most (user, award) pairs per cycle (one transaction).
+    pub batch: i64,
+    /// How long an idle worker waits before looking again.
+    pub idle_wait: Duration,
+    /// Users marked per backfill step.
+    pub backfill_batch: i64,
+    /// Worker tasks in this process.
+    pub workers: usize,
+}
+
+impl Default for AwardsSettings {
+    fn default() -> Self {
+        AwardsSettings {
+            batch: 2000,
+            idle_wait: Duration::from_millis(50),
+            backfill_batch: 1000,
+            workers: 1,
+        }
+    }
+}
+
+/// One award as the worker computes it.
+struct AwardPlan {
+    version: i32,
+    revocation: Revocation,
+    /// Objective ids with their progress counters, in definition order.
+    objectives: Vec<(String, String)>,
+    strategy: Result<Binding<StrategyInstance>, String>,
+}
+
+impl AwardPlan {
+    fn new(definition: &AwardDefinition, version: i32, registry: &Arc<Registry>) -> AwardPlan {
+        let strategy = registry
+            .bind_strategy(
+                &definition.strategy_function,
+                &definition.strategy.to_string(),
+            )
+            .map_err(|error| format!("strategy {}: {error}", definition.strategy_function));
+        AwardPlan {
+            version,
+            revocation: definition.revocation,
+            objectives: definition
+                .objectives
+                .iter()
+                .map(|o| (o.id.clone(), o.progress_counter.clone()))
+                .collect(),
+            strategy,
+        }
+    }
+
+    /// The strategy's view of one user's objectives.
+    fn states(&self, change: &ChangedAward) -> Vec<ObjectiveState> {
+        self.objectives
+            .iter()
+            .map(|(id, progress_counter)| {
+                let counters = change
+                    .objectives
+                    .iter()
+                    .find(|o| &o.objective_id == id)
+                    .map(|o| &o.counters);
+                ObjectiveState {
+                    objective_id: id.clone(),
+                    value: counters
+                        .and_then(|c| c.get(progress_counter))
+                        .copied()
+                        .unwrap_or(0) as f64,
+                    counters: counters
+                        .into_iter()
+                        .flatten()
+                        .map(|(name, value)| Counter {
+                            name: name.clone(),
+                            value: *value,
+                        })
+                        .collect(),
+                }
+            })
+            .collect()
+    }
+
+    /// Progress per user, or the reason there is none. A function failure
+    /// on the batch is retried user by user, so one user's bad input costs
+    /// only that user's computation.
+    fn evaluate(&mut self, users: &[Vec<ObjectiveState>]) -> Vec<Result<Progress, String>> {
+        let strategy = match &mut self.strategy {
+            Ok(strategy) => strategy,
+            Err(error) => return vec![Err(error.clone()); users.len()],
+        };
+        let name = strategy.name().to_string();
+        match strategy.instance().evaluate(users) {
+            Ok(answers) => answers
+                .into_iter()
+                .map(|a| a.map_err(|reason| format!("strategy {name}: {reason}")))
+                .collect(),
+            Err(_) if users.len() > 1 => users
+                .iter()
+                .map(
+                    |user| match strategy.instance().evaluate(std::slice::from_ref(user)) {
+                        Ok(mut answers) => answers
+                            .pop()
+                            .unwrap_or_else(|| Err("no answer".into()))
+                            .map_err(|reason| format!("strategy {name}: {reason}")),
+                        Err(error) => Err(error.to_string()),
+                    },
+                )
+                .collect(),
+            Err(error) => vec![Err(error.to_string())],
+        }
+    }
+}
+
+/// What the new progress means for completion: the state to store and the
+/// transition to record, if any.
+pub fn decide(
+    previous: Option<&AchieveState>,
+    progress: &Progress,
+    revocation: Revocation,
+    now: DateTime<Utc>,
+) -> (bool, Option<DateTime<Utc>>, Option<Transition>) {
+    let was = previous.is_some_and(|s| s.completed);
+    let since = previous.and_then(|s| s.completed_at);
+    match (was, progress.completed, revocation) {
+        (false, true, _) => (
+            true,
+            Some(now),
+            Some(Transition {
+                kind: TransitionKind::Completed,
+                reason: None,
+            }),
+        ),
+        (true, true, _) | (true, false, Revocation::Sticky) => (true, since, None),
+        (true, false, Revocation::Live) => (
+            false,
+            None,
+            Some(Transition {
+                kind: TransitionKind::Revoked,
+                reason: Some(format!(
+                    "progress {} fell below the goal {}",
+                    progress.progress, progress.goal
+                )),
+            }),
+        ),
+        (false, false, _) => (false, None, None),
+    }
+}
+
+/// What a worker cycle did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct CycleOutcome {
+    /// Changed pairs claimed.
+    pub claimed: usize,
+    pub report: CycleReport,
+    /// Pairs whose strategy failed (their previous progress is kept).
+    pub failed: usize,
+}
+
+/// One awards worker: a database connection and the awards' strategies.
+pub struct AwardsWorker {
+    store: Store,
+    registry: Arc<Registry>,
+    catalog: Arc<Catalog>,
+    settings: AwardsSettings,
+    plans: HashMap<String, AwardPlan>,
+    planned: (u64, u64),
+}
+
+impl AwardsWorker {
+    pub async fn new(
+        database_url: &str,
+        registry: Arc<Registry>,
+        catalog: Arc<Catalog>,
+        settings: AwardsSettings,
+    ) -> Result<AwardsWorker, StoreError> {
+        Ok(AwardsWorker {
+            store: Store::connect(database_url).await?,
+            registry,
+            catalog,
+            settings,
+            plans: HashMap::new(),
+            planned: (u64::MAX, u64::MAX),
+        })
+    }
+
+    /// Plans for the catalog's awards, checked against the stored versions
+    /// first: a worker never computes an award from a definition older
+    /// than the one a backfill was started for.
+    async fn refresh_plans(&mut self) -> Result<(), StoreError> {
+        let stored = self.store.award_versions().await?;
+        if self.catalog.snapshot().versions != stored {
+            self.catalog.reload(&self.store).await?;
+        }
+        let generation = (self.catalog.generation(), self.registry.generation());
+        if generation != self.planned {
+            let snapshot = self.catalog.snapshot();
+            self.plans = snapshot
+                .awards
+                .iter()
+                .map(|award| {
+                    let version = snapshot.versions.get(&award.id).copied().unwrap_or(0);
+                    (
+                        award.id.clone(),
+                        AwardPlan::new(award, version, &self.registry),
+                    )
+                })
+                .collect();
+            for (id, plan) in &self.plans {
+                if let Err(error) = &plan.strategy {
+                    warn!(message = "An award's strategy cannot be bound; its progress is not computed.", award = %id, %error);
+                }
+            }
+            self.planned = generation;
+        }
+        Ok(())
+    }
+
+    /// Claims up to a batch of changed awards, computes them and commits.
+    pub async fn cycle(&mut self) -> Result<CycleOutcome, StoreError> {
+        self.refresh_plans().await?;
+        let claimed = self.store.claim_changes(self.settings.batch).await?;
+        if claimed.is_empty() {
+            claimed.commit(&[]).await?;
+            return Ok(CycleOutcome::default());
+        }
+        let mut by_award: HashMap<&str, Vec<&ChangedAward>> = HashMap::new();
+        for change in &claimed.changes {
+            by_award.entry(&change.award_id).or_default().push(change);
+        }
+        let now = Utc::now();
+        let mut updates = Vec::with_capacity(claimed.changes.len());
+        let mut failed = 0;
+        for (award_id, changes) in by_award {
+            // A disabled or deleted award: its markers are consumed; a
+            // re-enabled award is backfilled.
+            let Some(plan) = self.plans.get_mut(award_id) else {
+                continue;
+            };
+            let users: Vec<Vec<ObjectiveState>> = changes.iter().map(|c| plan.states(c)).collect();
+            let answers = plan.evaluate(&users);
+            let mut first_error = None;
+            for (change, answer) in changes.iter().zip(answers) {
+                let version = change
+                    .objectives
+                    .iter()
+                    .map(|o| o.version)
+                    .max()
+                    .unwrap_or(0);
+                let previous = change.current.as_ref();
+                let (state, transition) = match answer {
+                    Ok(progress) => {
+                        let (completed, completed_at, transition) =
+                            decide(previous, &progress, plan.revocation, now);
+                        let state = AchieveState {
+                            award_version: plan.version,
+                            progress: progress.progress,
+                            goal: progress.goal,
+                            started: progress.started,
+                            completed,
+                            completed_at,
+                            version,
+                            error: None,
+                        };
+                        (state, transition)
+                    }
+                    Err(error) => {
+                        failed += 1;
+                        first_error.get_or_insert_with(|| error.clone());
+                        // Progress stays where it was; the error says why.
+                        let state = match previous {
+                            Some(previous) => AchieveState {
+                                award_version: plan.version,
+                                version,
+                                error: Some(error),
+                                ..previous.clone()
+                            },
+                            None => AchieveState {
+                                award_version: plan.version,
+                                progress: 0.0,
+                                goal: 0.0,
+                                started: false,
+                                completed: false,
+                                completed_at: None,
+                                version,
+                                error: Some(error),
+                            },
+                        };
+                        (state, None)
+                    }
+                };
+                updates.push(AchieveUpdate {
+                    user_id: change.user_id.clone(),
+                    award_id: change.award_id.clone(),
+                    state,
+                    transition,
+                });
+            }
+            if let Some(error) = first_error {
+                warn!(message = "Strategy failed; progress kept as it was.", award = %award_id, %error);
+            }
+        }
+        let claimed_count = claimed.changes.len();
+        let report = claimed.commit(&updates).await?;
+        Ok(CycleOutcome {
+            claimed: claimed_count,
+            report,
+            failed,
+        })
+    }
+
+    /// Runs cycles until nothing is left to claim (tests, benchmarks).
+    pub async fn drain(&mut self) -> Result<CycleOutcome, StoreError> {
+        let mut total = CycleOutcome::default();
+        loop {
+            let outcome = self.cycle().await?;
+            if outcome.claimed == 0 {
+                return Ok(total);
+            }
+            total.claimed += outcome.claimed;
+            total.failed += outcome.failed;
+            total.report.updated += outcome.report.updated;
+            total.report.transitions += outcome.report.transitions;
+            total.report.notifications += outcome.report.notifications;
+        }
+    }
+
+    /// Marks the next batch of users of a backfill in progress, if the
+    /// queue of changes is short enough. True if it marked any.
+    pub async fn backfill_step(&mut self) -> Result<bool, StoreError> {
+        self.refresh_plans().await?;
+        let room = self.settings.batch * 5;
+        if self.store.pending_changes(room).await? >= room {
+            return Ok(false);
+        }
+        let known = self.catalog.snapshot().versions.clone();
+        match self
+            .store
+            .backfill_step(&known, self.settings.backfill_batch)
+            .await?
+        {
+            Some(step) if step.finished => {
+                info!(message = "Backfill finished.", award = %step.award_id, version = step.award_version, users = step.marked);
+                Ok(step.marked > 0)
+            }
+            Some(step) => {
+                info!(message = "Backfill progress.", award = %step.award_id, version = step.award_version, users_marked = step.marked);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+}
+
+/// Runs `settings.workers` workers until `shutdown` resolves. A worker
+/// finishes the cycle it is in (or its transaction rolls back and the
+/// markers stay), so stopping loses nothing.
+pub async fn run(
+    settings: AwardsSettings,
+    database_url: &str,
+    registry: Arc<Registry>,
+    catalog: Arc<Catalog>,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut tasks = Vec::new();
+    for n in 0..settings.workers.max(1) {
+        let (settings, url, registry, catalog, stop) = (
+            settings.clone(),
+            database_url.to_string(),
+            registry.clone(),
+            catalog.clone(),
+            stop_rx.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            work(n, settings, &url, registry, catalog, stop).await
+        }));
+    }
+    shutdown.await;
+    let _ = stop_tx.send(true);
+    for task in tasks {
+        let _ = task.await;
+    }
+    Ok(())
+}
+
+async fn work(
+    n: usize,
+    settings: AwardsSettings,
+    database_url: &str,
+    registry: Arc<Registry>,
+    catalog: Arc<Catalog>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut backoff = Duration::from_millis(100);
+    let mut last_backfill = Instant::now() - Duration::from_secs(1);
+    'connect: loop {
+        if *stop.borrow() {
+            return;
+        }
+        let mut worker = match AwardsWorker::new(
+            database_url,
+            registry.clone(),
+            catalog.clone(),
+            settings.clone(),
+        )
+        .await
+        {
+            Ok(worker) => worker,
+            Err(error) => {
+                warn!(message = "Awards worker cannot reach the database; retrying.", worker = n, %error);
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = stop.changed() => return,
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+                continue 'connect;
+            }
+        };
+        backoff = Duration::from_millis(100);
+        loop {
+            if *stop.borrow() {
+                return;
+            }
+            let mut busy = match worker.cycle().await {
+                Ok(outcome) => outcome.claimed as i64 >= settings.batch,
+                Err(error) => {
+                    warn!(message = "Awards cycle failed; its changes stay queued.", worker = n, %error);
+                    tokio::time::sleep(backoff).await;
+                    continue 'connect;
+                }
+            };
+            if last_backfill.elapsed() >= Duration::from_millis(200) {
+                last_backfill = Instant::now();
+                match worker.backfill_step().await {
+                    Ok(marked) => busy |= marked,
+                    Err(error) => {
+                        warn!(message = "Backfill step failed.", worker = n, %error);
+                    }
+                }
+            }
+            if !busy {
+                tokio::select! {
+                    _ = tokio::time::sleep(settings.idle_wait) => {}
+                    _ = stop.changed() => return,
+                }
+            } else if stop.changed().now_or_never().is_some() {
+                return;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn progress(progress: f64, goal: f64) -> Progress {
+        Progress {
+            progress,
+            goal,
+            started: progress > 0.0,
+            completed: progress >= goal,
+        }
+    }
+
+    fn completed_state(at: DateTime<Utc>) -> AchieveState {
+        AchieveState {
+            award_version: 1,
+            progress: 5.0,
+            goal: 5.0,
+            started: true,
+            completed: true,
+            completed_at: Some(at),
+            version: 1,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn reaching_the_goal_completes_once() {
+        let now = Utc::now();
+        let (completed, at, transition) = decide(None, &progress(5.0, 5.0), Revocation::Live, now);
+        assert!(completed);
+        assert_eq!(at, Some(now));
+        assert_eq!(transition.map(|t| t.kind), Some(TransitionKind::Completed));
+
+        let earlier = now - chrono::Duration::hours(1);
+        let previous = completed_state(earlier);
+        let (completed, at, transition) =
+            decide(Some(&previous), &progress(6.0, 5.0), Revocation::Live, now);
+        assert!(completed);
+        assert_eq!(at, Some(earlier), "completed_at is set once");
+        assert!(transition.is_none());
+    }
+
+    #[test]
+    fn live_award_is_revoked_below_its_goal_with_a_reason() {
+        let previous = completed_state(Utc::now());
+        let (completed, at, transition) = decide(
+            Some(&previous),
+            &progress(4.0, 5.0),
+            Revocation::Live,
+            Utc::now(),
+        );
+        assert!(!completed);
+        assert_eq!(at, None);
+        let transition = transition.expect("a revocation");
+        assert_eq!(transition.kind, TransitionKind::Revoked);
+        assert_eq!(
+            transition.reason.as_deref(),
+            Some("progress 4 fell below the goal 5")
+        );
+    }
+
+    #[test]
+    fn sticky_award_stays_complete() {
+        let at = Utc::now();
+        let previous = completed_state(at);
+        let (completed, completed_at, transition) = decide(
+            Some(&previous),
+            &progress(0.0, 5.0),
+            Revocation::Sticky,
+            Utc::now(),
+        );
+        assert!(completed);
+        assert_eq!(completed_at, Some(at));
+        assert!(transition.is_none());
+    }
+}

@@ -1,0 +1,332 @@
+//! The notifier: delivers the outbox (`notifications`, written by the
+//! awards worker in the transaction of each transition) to webhooks.
+//!
+//! At least once: a notification is claimed for one attempt with a lease,
+//! POSTed, and only then marked delivered; a notifier that dies mid-way
+//! leaves it to be claimed again when the lease runs out. Failures are
+//! retried with exponential backoff (capped) and given up after
+//! `max_attempts`, recorded with the last error. Every attempt of a
+//! notification carries the same body, hence the same `idempotency_key`
+//! (also sent as the `Idempotency-Key` header).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use tracing::{info, warn};
+
+use crate::store::{self, Delivery, Store, StoreError, Webhook};
+
+#[derive(Debug, Clone)]
+pub struct NotifySettings {
+    /// Attempts before a notification is given up.
+    pub max_attempts: i32,
+    /// Wait after the first failed attempt; doubles after each.
+    pub backoff: Duration,
+    /// The longest wait between attempts.
+    pub backoff_cap: Duration,
+    /// One request's time limit.
+    pub timeout: Duration,
+    /// Deliveries in flight at once.
+    pub concurrency: usize,
+}
+
+impl Default for NotifySettings {
+    fn default() -> Self {
+        NotifySettings {
+            max_attempts: 12,
+            backoff: Duration::from_secs(1),
+            backoff_cap: Duration::from_secs(600),
+            timeout: Duration::from_secs(10),
+            concurrency: 16,
+        }
+    }
+}
+
+/// Transition types a webhook can receive.
+pub const EVENTS: &[&str] = &["award.completed", "award.revoked"];
+
+/// A webhook, checked: a name the database accepts, an http(s) URL, known
+/// event types.
+pub fn checked_webhook(
+    name: &str,
+    url: &str,
+    events: &[String],
+    proxy_pool: Option<&str>,
+) -> Result<Webhook, String> {
+    let name_ok = !name.is_empty()
+        && name.len() <= 128
+        && name
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphanumeric())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c));
+    if !name_ok {
+        return Err(format!(
+            "invalid webhook name {name:?}: letters, digits, `_`, `.`, `-`, starting with a letter or digit, at most 128"
+        ));
+    }
+    match reqwest::Url::parse(url) {
+        Ok(parsed) if matches!(parsed.scheme(), "http" | "https") && parsed.host().is_some() => {}
+        Ok(parsed) => {
+            return Err(format!(
+                "invalid webhook URL {url:?}: expected http:// or https:// with a host, got scheme {:?}",
+                parsed.scheme()
+            ));
+        }
+        Err(error) => return Err(format!("invalid webhook URL {url:?}: {error}")),
+    }
+    if events.is_empty() {
+        return Err("a webhook needs at least one event type".into());
+    }
+    for event in events {
+        if !EVENTS.contains(&event.as_str()) {
+            return Err(format!(
+                "unknown event type {event:?} (expected {})",
+                EVENTS.join(" or ")
+            ));
+        }
+    }
+    Ok(Webhook {
+        name: name.to_string(),
+        url: url.to_string(),
+        events: events.to_vec(),
+        proxy_pool: proxy_pool.map(str::to_string),
+    })
+}
+
+/// The wait after failed attempt number `attempt` (1-based).
+pub fn backoff(attempt: i32, base: Duration, cap: Duration) -> Duration {
+    let doublings = attempt.saturating_sub(1).clamp(0, 30) as u32;
+    base.saturating_mul(1 << doublings).min(cap)
+}
+
+/// Why one attempt failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DeliveryError {
+    #[error("webhook {0} no longer exists")]
+    NoWebhook(String),
+    #[error(
+        "webhook {webhook} sends through proxy pool {pool}, but this build has no proxy pools yet"
+    )]
+    NoProxyPools { webhook: String, pool: String },
+    #[error("POST {url} failed: {error}")]
+    Request { url: String, error: String },
+    #[error("POST {url} answered {status}: {body}")]
+    Status {
+        url: String,
+        status: u16,
+        body: String,
+    },
+}
+
+impl DeliveryError {
+    /// Some failures will not get better by retrying.
+    fn is_final(&self) -> bool {
+        matches!(self, DeliveryError::NoWebhook(_))
+    }
+}
+
+/// The HTTP side of delivery.
+#[derive(Clone)]
+pub struct Sender {
+    client: reqwest::Client,
+}
+
+impl Sender {
+    pub fn new(timeout: Duration) -> anyhow::Result<Sender> {
+        // reqwest is built without a default TLS crypto provider.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let client = reqwest::Client::builder()
+            .timeout(timeout)
+            .user_agent(concat!("laurel/", env!("CARGO_PKG_VERSION")))
+            .no_proxy()
+            .build()?;
+        Ok(Sender { client })
+    }
+
+    pub async fn send(
+        &self,
+        webhook: &Webhook,
+        payload: &serde_json::Value,
+    ) -> Result<(), DeliveryError> {
+        if let Some(pool) = &webhook.proxy_pool {
+            return Err(DeliveryError::NoProxyPools {
+                webhook: webhook.name.clone(),
+                pool: pool.clone(),
+            });
+        }
+        let key = payload
+            .get("idempotency_key")
+            .and_then(|k| k.as_str())
+            .unwrap_or_default();
+        let response = self
+            .client
+            .post(&webhook.url)
+            .header("content-type", "application/json")
+            .header("idempotency-key", key)
+            .body(payload.to_string())
+            .send()
+            .await
+            .map_err(|error| DeliveryError::Request {
+                url: webhook.url.clone(),
+                error: error_chain(&error),
+            })?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(());
+        }
+        let body = response.text().await.unwrap_or_default();
+        Err(DeliveryError::Status {
+            url: webhook.url.clone(),
+            status: status.as_u16(),
+            body: body.chars().take(200).collect(),
+        })
+    }
+}
+
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// A lease longer than any attempt can take: the request's timeout plus
+/// room for the database.
+fn lease(settings: &NotifySettings) -> Duration {
+    settings.timeout * 2 + Duration::from_secs(5)
+}
+
+/// Claims due notifications and delivers them; returns how many it tried.
+pub async fn deliver_due(
+    store: &Store,
+    sender: &Sender,
+    settings: &NotifySettings,
+) -> Result<usize, StoreError> {
+    let due = store
+        .claim_deliveries(settings.concurrency as i64 * 4, lease(settings))
+        .await?;
+    if due.is_empty() {
+        return Ok(0);
+    }
+    let webhooks: HashMap<String, Webhook> = store
+        .webhooks()
+        .await?
+        .into_iter()
+        .map(|w| (w.name.clone(), w))
+        .collect();
+    let results: Vec<(Delivery, Result<(), DeliveryError>)> =
+        futures_util::stream::iter(due.into_iter().map(|delivery| {
+            let webhook = webhooks.get(&delivery.webhook);
+            async move {
+                let result = match webhook {
+                    Some(webhook) => sender.send(webhook, &delivery.payload).await,
+                    None => Err(DeliveryError::NoWebhook(delivery.webhook.clone())),
+                };
+                (delivery, result)
+            }
+        }))
+        .buffer_unordered(settings.concurrency.max(1))
+        .collect()
+        .await;
+    let tried = results.len();
+    for (delivery, result) in results {
+        match result {
+            Ok(()) => store.delivery_succeeded(delivery.id).await?,
+            Err(error) => {
+                let give_up = error.is_final() || delivery.attempts >= settings.max_attempts;
+                let text = error.to_string();
+                if give_up {
+                    warn!(message = "Gave up delivering a notification.", id = delivery.id, webhook = %delivery.webhook, attempts = delivery.attempts, error = %text);
+                    store.delivery_failed(delivery.id, &text, None).await?;
+                } else {
+                    let wait = backoff(delivery.attempts, settings.backoff, settings.backoff_cap);
+                    info!(message = "Notification delivery failed; will retry.", id = delivery.id, webhook = %delivery.webhook, attempt = delivery.attempts, retry_in_ms = wait.as_millis() as u64, error = %text);
+                    store
+                        .delivery_failed(delivery.id, &text, Some(wait))
+                        .await?;
+                }
+            }
+        }
+    }
+    Ok(tried)
+}
+
+/// Delivers notifications until `shutdown` resolves: woken by NOTIFY when
+/// the worker queues some, and by the clock when a retry is due.
+pub async fn run(
+    settings: NotifySettings,
+    database_url: &str,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let sender = Sender::new(settings.timeout)?;
+    let mut queued = store::listen(database_url, &[store::OUTBOX_CHANNEL]).await?;
+    tokio::pin!(shutdown);
+    let mut backoff_db = Duration::from_millis(100);
+    'connect: loop {
+        let store = tokio::select! {
+            _ = &mut shutdown => return Ok(()),
+            store = Store::connect(database_url) => store,
+        };
+        let store = match store {
+            Ok(store) => store,
+            Err(error) => {
+                warn!(message = "Notifier cannot reach the database; retrying.", %error);
+                tokio::select! {
+                    _ = &mut shutdown => return Ok(()),
+                    _ = tokio::time::sleep(backoff_db) => {}
+                }
+                backoff_db = (backoff_db * 2).min(Duration::from_secs(5));
+                continue 'connect;
+            }
+        };
+        backoff_db = Duration::from_millis(100);
+        loop {
+            // Deliveries in flight finish before shutdown is looked at.
+            let tried = match deliver_due(&store, &sender, &settings).await {
+                Ok(tried) => tried,
+                Err(error) => {
+                    warn!(message = "Notifier lost the database; reconnecting.", %error);
+                    continue 'connect;
+                }
+            };
+            if tried > 0 {
+                continue;
+            }
+            let wait = match store.next_delivery_due().await {
+                Ok(Some(due)) => (due - chrono::Utc::now())
+                    .to_std()
+                    .unwrap_or_default()
+                    .clamp(Duration::from_millis(10), Duration::from_secs(1)),
+                Ok(None) => Duration::from_secs(1),
+                Err(_) => continue 'connect,
+            };
+            tokio::select! {
+                _ = &mut shutdown => return Ok(()),
+                _ = queued.recv() => {}
+                _ = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_its_cap() {
+        let base = Duration::from_millis(100);
+        let cap = Duration::from_secs(1);
+        let waits: Vec<u128> = (1..=6).map(|n| backoff(n, base, cap).as_millis()).collect();
+        assert_eq!(waits, vec![100, 200, 400, 800, 1000, 1000]);
+        assert_eq!(backoff(i32::MAX, base, cap), cap);
+    }
+}

@@ -49,7 +49,7 @@ const WRITE_UP_AWARDS: &str = r#"[{
     {"goal": 10, "operation": "sum", "strategy": [{"objective_id": "navi", "normalization_factor": 0.001}]}]}
 }]"#;
 
-async fn state(db: &TestDb, user: &str, award: &str) -> Option<AchieveState> {
+pub async fn state(db: &TestDb, user: &str, award: &str) -> Option<AchieveState> {
     db.store()
         .await
         .user_achievements(user)
@@ -250,7 +250,7 @@ const COUNTER_AWARD: &str = r#"[{
   "strategy": {"goal": 50, "strategy": [{"objective_id": "photo"}]}
 }]"#;
 
-async fn db_with_counter_award() -> TestDb {
+pub async fn db_with_counter_award() -> TestDb {
     let db = TestDb::new().await;
     let mut store = db.store().await;
     let runtime = support::runtime();
@@ -268,7 +268,7 @@ async fn db_with_counter_award() -> TestDb {
 
 /// Adds `n` to a user's `approved` counter, as ingest writes counters: a
 /// new version from the shared sequence.
-const BUMP: &str = "INSERT INTO user_objective (user_id, award_id, objective_id, counters, version)
+pub const BUMP: &str = "INSERT INTO user_objective (user_id, award_id, objective_id, counters, version)
      VALUES ($1, 'counter', 'photo', jsonb_build_object('approved', $2::bigint), nextval('laurel_version'))
      ON CONFLICT (user_id, award_id, objective_id) DO UPDATE SET
          counters = jsonb_build_object('approved', (user_objective.counters->>'approved')::bigint + $2),
@@ -277,7 +277,7 @@ const BUMP: &str = "INSERT INTO user_objective (user_id, award_id, objective_id,
 
 /// Every user's award state must equal a from-scratch computation from the
 /// final counters, and carry the max version of its objective.
-async fn assert_matches_recomputation(db: &TestDb) {
+pub async fn assert_matches_recomputation(db: &TestDb) {
     let sql = db.sql().await;
     let rows = sql
         .query(

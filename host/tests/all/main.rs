@@ -8,6 +8,7 @@ mod cases;
 mod config_errors;
 mod definitions;
 mod hostile;
+mod notify;
 mod pipeline;
 mod pipeline_support;
 mod processes;

@@ -393,3 +393,106 @@ async fn two_processes_share_a_group_and_one_stops_midway() {
     let _ = std::fs::remove_dir_all(&cache);
     db.drop_database().await;
 }
+
+fn spawn_awards_worker(db: &TestDb, cache: &std::path::Path) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_laurel"))
+        .args(["serve", "--roles", "awards"])
+        .env("LAUREL_DATABASE_URL", &db.url)
+        .env("LAUREL_AWARDS_BATCH", "500")
+        .env("LAUREL_CACHE_DIR", cache)
+        .env("LAUREL_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("laurel serve starts")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn awards_workers_killed_with_sigkill_mid_cycle_lose_nothing() {
+    let db = crate::awards::db_with_counter_award().await;
+    let sql = db.sql().await;
+    // 50,000 users changed at once (approved 0..59), and more changes
+    // while two worker processes run and get killed.
+    sql.execute(
+        "INSERT INTO user_objective (user_id, award_id, objective_id, counters, version)
+         SELECT 'user-' || n, 'counter', 'photo', jsonb_build_object('approved', n % 60), nextval('laurel_version')
+         FROM generate_series(1, 50000) n",
+        &[],
+    )
+    .await
+    .unwrap();
+    let writer = {
+        let client = db.sql().await;
+        tokio::spawn(async move {
+            let mut rng = Rng(0x0dd_ba11);
+            for _ in 0..3000 {
+                let user = format!("user-{}", 1 + rng.below(50_000));
+                client
+                    .query_one(crate::awards::BUMP, &[&user, &1i64])
+                    .await
+                    .unwrap();
+            }
+        })
+    };
+    let pending = || async {
+        sql.query_one("SELECT count(*) FROM award_changes", &[])
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+    };
+    let cache = std::env::temp_dir().join(format!("laurel-awards-cache-{}", std::process::id()));
+    let mut children = [
+        spawn_awards_worker(&db, &cache),
+        spawn_awards_worker(&db, &cache),
+    ];
+    let mut rng = Rng(0xfee1_900d);
+    let mut kills = 0;
+    for round in 0..8 {
+        tokio::time::sleep(Duration::from_millis(700 + rng.below(800))).await;
+        if pending().await == 0 {
+            break;
+        }
+        let child = &mut children[round % 2];
+        child.kill().unwrap();
+        child.wait().unwrap();
+        kills += 1;
+        *child = spawn_awards_worker(&db, &cache);
+    }
+    writer.await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while pending().await > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for child in &mut children {
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+    assert!(
+        kills >= 2,
+        "the test must kill workers mid-stream (killed {kills} times)"
+    );
+    crate::awards::assert_matches_recomputation(&db).await;
+    // Counters only went up: every user who reached the goal completed
+    // exactly once, whichever worker computed it.
+    let twice: i64 = sql
+        .query_one(
+            "SELECT count(*) FROM (SELECT user_id FROM award_transitions GROUP BY user_id HAVING count(*) > 1) t",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let (completed, transitions): (i64, i64) = {
+        let row = sql
+            .query_one(
+                "SELECT (SELECT count(*) FROM user_achieve WHERE completed), (SELECT count(*) FROM award_transitions)",
+                &[],
+            )
+            .await
+            .unwrap();
+        (row.get(0), row.get(1))
+    };
+    assert_eq!((twice, transitions), (0, completed));
+    let _ = std::fs::remove_dir_all(&cache);
+    db.drop_database().await;
+}

@@ -1,0 +1,222 @@
+//! Notifications: the outbox delivered to a real HTTP receiver on loopback,
+//! retried with backoff under one idempotency key, given up and recorded.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use laurel::awards::AwardsSettings;
+use laurel::notify::{self, NotifySettings};
+use laurel::store::Webhook;
+use serde_json::Value;
+use tokio::sync::oneshot;
+
+use crate::awards::{BUMP, db_with_counter_award, state};
+use crate::pipeline_support::awards_worker;
+use crate::support::TestDb;
+
+/// What the receiver saw: (status it answered, Idempotency-Key header, body).
+type Seen = Arc<Mutex<Vec<(u16, String, Value)>>>;
+
+/// A webhook receiver that fails the first `failures` requests with 500.
+async fn receiver(failures: usize) -> (String, Seen) {
+    let seen: Seen = Arc::default();
+    let app = axum::Router::new()
+        .route(
+            "/hook",
+            post(
+                move |State(seen): State<Seen>, headers: HeaderMap, body: String| async move {
+                    let mut seen = seen.lock().unwrap();
+                    let status = if seen.len() < failures {
+                        StatusCode::INTERNAL_SERVER_ERROR
+                    } else {
+                        StatusCode::OK
+                    };
+                    let key = headers
+                        .get("idempotency-key")
+                        .and_then(|k| k.to_str().ok())
+                        .unwrap_or_default()
+                        .to_string();
+                    seen.push((
+                        status.as_u16(),
+                        key,
+                        serde_json::from_str(&body).unwrap_or(Value::Null),
+                    ));
+                    (status, "receiver says so")
+                },
+            ),
+        )
+        .with_state(seen.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, seen)
+}
+
+fn fast_retries(max_attempts: i32) -> NotifySettings {
+    NotifySettings {
+        max_attempts,
+        backoff: Duration::from_millis(50),
+        backoff_cap: Duration::from_millis(200),
+        timeout: Duration::from_secs(2),
+        ..NotifySettings::default()
+    }
+}
+
+/// A user completes the counter award (goal 50) with a webhook set.
+async fn completion_with_webhook(url: &str) -> TestDb {
+    let db = db_with_counter_award().await;
+    let store = db.store().await;
+    let webhook =
+        notify::checked_webhook("hook", url, &["award.completed".to_string()], None).unwrap();
+    store.set_webhook(&webhook).await.unwrap();
+    db.sql()
+        .await
+        .query_one(BUMP, &[&"u-1", &50i64])
+        .await
+        .unwrap();
+    let mut worker = awards_worker(&db.url, AwardsSettings::default()).await;
+    let outcome = worker.drain().await.unwrap();
+    assert_eq!(
+        (outcome.report.transitions, outcome.report.notifications),
+        (1, 1)
+    );
+    db
+}
+
+/// Runs the notifier until `done` holds (or 30 s pass), then stops it.
+async fn notify_until(db: &TestDb, settings: NotifySettings, done: impl Fn() -> bool) {
+    let (stop, stopped) = oneshot::channel::<()>();
+    let url = db.url.clone();
+    let task = tokio::spawn(async move {
+        notify::run(settings, &url, async {
+            let _ = stopped.await;
+        })
+        .await
+    });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !done() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Let the notifier record the last outcome before stopping it.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let _ = stop.send(());
+    task.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_failing_three_times_sees_one_completion_by_idempotency_key() {
+    let (url, seen) = receiver(3).await;
+    let db = completion_with_webhook(&url).await;
+    let watched = seen.clone();
+    notify_until(&db, fast_retries(10), move || {
+        watched
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(status, _, _)| *status == 200)
+    })
+    .await;
+
+    let seen = seen.lock().unwrap().clone();
+    let statuses: Vec<u16> = seen.iter().map(|(s, _, _)| *s).collect();
+    assert_eq!(statuses, vec![500, 500, 500, 200]);
+    let keys: BTreeSet<&str> = seen
+        .iter()
+        .flat_map(|(_, header, body)| [header.as_str(), body["idempotency_key"].as_str().unwrap()])
+        .collect();
+    assert_eq!(keys.len(), 1, "one completion, one key: {keys:?}");
+    let body = &seen[3].2;
+    assert_eq!(body["type"], "award.completed");
+    assert_eq!(body["user_id"], "u-1");
+    assert_eq!(body["award_id"], "counter");
+    let completed_at = state(&db, "u-1", "counter")
+        .await
+        .unwrap()
+        .completed_at
+        .unwrap();
+    let sent: chrono::DateTime<chrono::Utc> =
+        body["completed_at"].as_str().unwrap().parse().unwrap();
+    assert_eq!(
+        sent, completed_at,
+        "the payload's completed_at is the award's"
+    );
+
+    let rows = db.store().await.notifications().await.unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!((rows[0].state.as_str(), rows[0].attempts), ("delivered", 4));
+    db.drop_database().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_that_keeps_failing_is_given_up_and_recorded() {
+    let (url, seen) = receiver(usize::MAX).await;
+    let db = completion_with_webhook(&url).await;
+    let watched = seen.clone();
+    notify_until(&db, fast_retries(3), move || {
+        watched.lock().unwrap().len() >= 3
+    })
+    .await;
+    // No attempt after the last one.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(seen.lock().unwrap().len(), 3);
+    let rows = db.store().await.notifications().await.unwrap();
+    assert_eq!((rows[0].state.as_str(), rows[0].attempts), ("failed", 3));
+    let error = rows[0].last_error.as_deref().unwrap();
+    assert!(
+        error.contains("answered 500") && error.contains("receiver says so"),
+        "{error}"
+    );
+    db.drop_database().await;
+}
+
+#[test]
+fn webhooks_are_checked_before_they_are_stored() {
+    let events = |e: &[&str]| e.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    for (name, url, kinds, problem) in [
+        (
+            "hook",
+            "ftp://example.com/x",
+            events(&["award.completed"]),
+            "expected http:// or https://",
+        ),
+        (
+            "hook",
+            "not a url",
+            events(&["award.completed"]),
+            "invalid webhook URL",
+        ),
+        (
+            "bad name!",
+            "http://127.0.0.1/x",
+            events(&["award.completed"]),
+            "invalid webhook name",
+        ),
+        (
+            "hook",
+            "http://127.0.0.1/x",
+            events(&["award.won"]),
+            "unknown event type \"award.won\"",
+        ),
+        (
+            "hook",
+            "http://127.0.0.1/x",
+            events(&[]),
+            "at least one event type",
+        ),
+    ] {
+        let error = notify::checked_webhook(name, url, &kinds, None).unwrap_err();
+        assert!(error.contains(problem), "{name} {url} {kinds:?}: {error}");
+    }
+    let ok: Webhook = notify::checked_webhook(
+        "hook",
+        "https://example.com/x",
+        &events(&["award.completed", "award.revoked"]),
+        None,
+    )
+    .unwrap();
+    assert_eq!(ok.events.len(), 2);
+}

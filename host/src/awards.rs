@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use futures_util::FutureExt;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::catalog::Catalog;
 use crate::definitions::{AwardDefinition, Revocation};
@@ -326,6 +326,7 @@ impl AwardsWorker {
                 warn!(message = "Strategy failed; progress kept as it was.", award = %award_id, %error);
             }
         }
+        updates.sort_unstable_by(|a, b| (&a.user_id, &a.award_id).cmp(&(&b.user_id, &b.award_id)));
         let claimed_count = claimed.changes.len();
         let report = claimed.commit(&updates).await?;
         Ok(CycleOutcome {
@@ -365,9 +366,13 @@ impl AwardsWorker {
             .backfill_step(&known, self.settings.backfill_batch)
             .await?
         {
+            Some(step) if step.finished && step.marked == 0 => {
+                debug!(message = "Backfill finished: no users yet.", award = %step.award_id, version = step.award_version);
+                Ok(false)
+            }
             Some(step) if step.finished => {
                 info!(message = "Backfill finished.", award = %step.award_id, version = step.award_version, users = step.marked);
-                Ok(step.marked > 0)
+                Ok(true)
             }
             Some(step) => {
                 info!(message = "Backfill progress.", award = %step.award_id, version = step.award_version, users_marked = step.marked);

@@ -268,5 +268,24 @@ pub async fn publish_and_show(brokers: &str, database_url: &str) -> anyhow::Resu
             serde_json::to_string(&counters)?
         );
     }
+    // The awards worker computes progress from those counters.
+    let mut awards = Vec::new();
+    for _ in 0..40 {
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        let now = store.user_achievements(DEMO_USER).await?;
+        if !now.is_empty() && now == awards {
+            break;
+        }
+        awards = now;
+    }
+    println!("Demo: {DEMO_USER}'s awards:");
+    for (award, state) in awards {
+        println!(
+            "  {award:<16} progress {} of {}{}",
+            state.progress,
+            state.goal,
+            if state.completed { " (completed)" } else { "" }
+        );
+    }
     Ok(())
 }

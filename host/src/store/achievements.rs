@@ -147,8 +147,11 @@ impl Store {
                 changes: Vec::new(),
             });
         }
-        let users: Vec<&str> = claimed.iter().map(|r| r.get(0)).collect();
-        let awards: Vec<&str> = claimed.iter().map(|r| r.get(1)).collect();
+        // In key order: the lookups below then walk the primary keys'
+        // indexes in order instead of jumping around them.
+        let mut keys: Vec<(&str, &str)> = claimed.iter().map(|r| (r.get(0), r.get(1))).collect();
+        keys.sort_unstable();
+        let (users, awards): (Vec<&str>, Vec<&str>) = keys.into_iter().unzip();
         // A later statement, so a later snapshot: every change committed
         // before it is read here; any other will mark the pair again.
         let objective_rows = tx
@@ -183,7 +186,7 @@ impl Store {
             .iter()
             .map(|row| ((row.get(0), row.get(1)), achieve_state(row, 2)))
             .collect();
-        let changes = claimed
+        let mut changes: Vec<ChangedAward> = claimed
             .iter()
             .map(|row| {
                 let key: (&str, &str) = (row.get(0), row.get(1));
@@ -196,6 +199,9 @@ impl Store {
                 }
             })
             .collect();
+        // Written back in key order too (and two workers' upserts can't
+        // wait on each other in opposite orders).
+        changes.sort_unstable_by(|a, b| (&a.user_id, &a.award_id).cmp(&(&b.user_id, &b.award_id)));
         Ok(ClaimedChanges { tx, changes })
     }
 

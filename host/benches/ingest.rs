@@ -170,6 +170,18 @@ fn main() {
         }
         let producer = ingest::producer(broker.bootstrap_servers()).unwrap();
         let rows_per_s = baseline(&url, count).await;
+        // A/B: what the awards worker's change markers cost ingest.
+        if std::env::var_os("LAUREL_BENCH_NO_MARKERS").is_some() {
+            sql(&url)
+                .await
+                .batch_execute(
+                    "ALTER TABLE user_objective DISABLE TRIGGER user_objective_inserted;
+                     ALTER TABLE user_objective DISABLE TRIGGER user_objective_updated",
+                )
+                .await
+                .unwrap();
+            println!("(change markers off: the awards worker would see nothing)");
+        }
 
         let catalog = Catalog::start(&url).await.unwrap();
         let batch_size = std::env::var("LAUREL_BATCH_SIZE").ok().and_then(|v| v.parse().ok()).unwrap_or(5000);

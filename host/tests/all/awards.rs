@@ -174,6 +174,10 @@ const PHOTO_AWARDS: &str = r#"[{
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_photo_blocked_after_completion_revokes_a_live_award_and_not_a_sticky_one() {
     let mut p = Pipeline::start(PHOTO_AWARDS, &["photos"]).await;
+    let events = ["award.completed".to_string(), "award.revoked".to_string()];
+    let webhook =
+        laurel::notify::checked_webhook("audit", "http://127.0.0.1:9/", &events, None).unwrap();
+    p.db.store().await.set_webhook(&webhook).await.unwrap();
     let mut worker = p.awards_worker().await;
     p.send(&photo("p-1", "u-1", "photo-1", "active", 1)).await;
     p.send(&photo("p-2", "u-1", "photo-2", "active", 2)).await;
@@ -237,6 +241,27 @@ async fn a_photo_blocked_after_completion_revokes_a_live_award_and_not_a_sticky_
     );
     let transitions = p.db.store().await.user_transitions("u-1").await.unwrap();
     assert_eq!(transitions.len(), 4, "{transitions:?}");
+    // Each transition queued one notification for the webhook that wants it.
+    let queued: Vec<(String, String)> =
+        p.db.store()
+            .await
+            .notifications()
+            .await
+            .unwrap()
+            .iter()
+            .map(|n| {
+                (
+                    n.payload["award_id"].as_str().unwrap().to_string(),
+                    n.payload["type"].as_str().unwrap().to_string(),
+                )
+            })
+            .filter(|(award, _)| award == "live-photographer")
+            .collect();
+    let kinds: Vec<&str> = queued.iter().map(|(_, kind)| kind.as_str()).collect();
+    assert_eq!(
+        kinds,
+        vec!["award.completed", "award.revoked", "award.completed"]
+    );
     p.stop().await;
 }
 

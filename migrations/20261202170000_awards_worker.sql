@@ -20,6 +20,9 @@ CREATE TABLE user_achieve (
     PRIMARY KEY (user_id, award_id)
 );
 
+-- Awards whose strategy failed for some users, found without a scan.
+CREATE INDEX user_achieve_errors ON user_achieve (award_id) WHERE error IS NOT NULL;
+
 -- (user, award) pairs whose objectives changed since the worker last
 -- computed them. A marker is written by the same transaction as the
 -- change (the triggers below), and deleted by the worker in the

@@ -349,6 +349,12 @@ async fn awards(settings: &Settings, command: AwardsCommand) -> anyhow::Result<(
                     row.id, row.version, row.enabled, objectives
                 );
             }
+            for (award, users, error) in store.strategy_errors().await? {
+                println!(
+                    "{award}: progress of {users} user(s) not computed (kept as it was): {error}; \
+                     fix the function, then `laurel awards recompute {award}`"
+                );
+            }
             for backfill in store.backfills().await?.iter().filter(|b| !b.finished) {
                 println!(
                     "backfill of {} v{} in progress: {} users marked since {}",

@@ -210,8 +210,10 @@ pub async fn deliver_due(
     sender: &Sender,
     settings: &NotifySettings,
 ) -> Result<usize, StoreError> {
+    // No more than can start at once: a claimed row's lease runs from
+    // its claim, so one waiting its turn here could expire and go twice.
     let due = store
-        .claim_deliveries(settings.concurrency as i64 * 4, lease(settings))
+        .claim_deliveries(settings.concurrency.max(1) as i64, lease(settings))
         .await?;
     if due.is_empty() {
         return Ok(0);

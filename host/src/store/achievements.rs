@@ -262,6 +262,21 @@ impl Store {
             .collect())
     }
 
+    /// Per award: how many users' progress is stale because the strategy
+    /// failed for them, and one of the errors.
+    pub async fn strategy_errors(&self) -> Result<Vec<(String, i64, String)>, StoreError> {
+        let rows = self
+            .client()
+            .query(
+                "SELECT award_id, count(*), min(error) FROM user_achieve WHERE error IS NOT NULL
+                 GROUP BY award_id ORDER BY award_id",
+                &[],
+            )
+            .await
+            .context("reading strategy errors")?;
+        Ok(rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect())
+    }
+
     /// How many changes wait for a worker (counting at most `up_to`).
     pub async fn pending_changes(&self, up_to: i64) -> Result<i64, StoreError> {
         let row = self

@@ -600,5 +600,8 @@ async fn a_failing_strategy_is_recorded_per_award_and_the_worker_goes_on() {
         error.contains("NoSuchStrategy"),
         "the error names the function: {error}"
     );
+    let per_award = db.store().await.strategy_errors().await.unwrap();
+    assert_eq!(per_award.len(), 1);
+    assert_eq!((per_award[0].0.as_str(), per_award[0].1), ("counter", 1));
     db.drop_database().await;
 }

@@ -274,7 +274,10 @@ impl Store {
             )
             .await
             .context("reading strategy errors")?;
-        Ok(rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect())
+        Ok(rows
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect())
     }
 
     /// How many changes wait for a worker (counting at most `up_to`).

@@ -68,6 +68,12 @@ enum Command {
         #[command(subcommand)]
         command: SourcesCommand,
     },
+    /// Proxy pools in Redis (eligibility checks and candidate lists
+    /// arrive with the rest of the proxy issue).
+    Proxies {
+        #[command(subcommand)]
+        command: ProxiesCommand,
+    },
     /// Where award notifications are delivered.
     Webhooks {
         #[command(subcommand)]
@@ -116,6 +122,19 @@ enum AwardsCommand {
     /// Compute an award again for every user with counters for it (e.g.
     /// after its strategy function was fixed).
     Recompute { id: String },
+}
+
+#[derive(Debug, Subcommand)]
+enum ProxiesCommand {
+    /// Allocate the least-used eligible proxy of POOL (counted), COUNT
+    /// times; prints each, or says the pool has none.
+    Allocate {
+        pool: String,
+        #[arg(long, default_value_t = 1)]
+        count: u32,
+    },
+    /// A pool's eligible members and their allocation counts.
+    List { pool: String },
 }
 
 #[derive(Debug, Subcommand)]
@@ -223,6 +242,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Awards { command } => awards(&settings, command).await,
         Command::Sources { command } => sources(&settings, command).await,
         Command::Webhooks { command } => webhooks(&settings, command).await,
+        Command::Proxies { command } => proxies(&settings, command).await,
         Command::Users { command } => {
             let mut store = Store::connect(&settings.database_url).await?;
             store.migrate().await?;
@@ -394,6 +414,27 @@ async fn show_user(store: &Store, user_id: &str) -> anyhow::Result<()> {
                 .unwrap_or_default(),
             state.error.unwrap_or_default()
         );
+    }
+    Ok(())
+}
+
+async fn proxies(settings: &Settings, command: ProxiesCommand) -> anyhow::Result<()> {
+    let pools = crate::proxy::ProxyPools::connect(&settings.redis_url).await?;
+    match command {
+        ProxiesCommand::Allocate { pool, count } => {
+            for _ in 0..count {
+                match pools.allocate(&pool).await? {
+                    Some(proxy) => println!("{proxy}"),
+                    None => anyhow::bail!("proxy pool {pool} has no eligible proxy"),
+                }
+            }
+        }
+        ProxiesCommand::List { pool } => {
+            println!("{:<40} allocations", "PROXY");
+            for (proxy, count) in pools.members(&pool).await? {
+                println!("{proxy:<40} {count}");
+            }
+        }
     }
     Ok(())
 }

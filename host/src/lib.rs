@@ -10,6 +10,7 @@ pub mod event;
 pub mod ingest;
 pub mod library;
 pub mod notify;
+pub mod proxy;
 pub mod registry;
 pub mod runtime;
 pub mod settings;

@@ -53,6 +53,15 @@ pub struct Settings {
     )]
     pub function_max_mib: usize,
 
+    /// Redis (proxy pools).
+    #[arg(
+        long,
+        global = true,
+        env = "LAUREL_REDIS_URL",
+        default_value = "redis://127.0.0.1:6379"
+    )]
+    pub redis_url: String,
+
     /// Kafka bootstrap servers; unset: `laurel up` starts a broker in process.
     #[arg(long, global = true, env = "LAUREL_KAFKA_BROKERS")]
     pub kafka_brokers: Option<String>,

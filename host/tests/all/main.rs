@@ -12,5 +12,6 @@ mod notify;
 mod pipeline;
 mod pipeline_support;
 mod processes;
+mod proxy;
 mod registry;
 mod support;

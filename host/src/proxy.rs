@@ -147,6 +147,17 @@ impl ProxyPools {
             .map_err(|e| self.failed(pool, e))
     }
 
+    /// The allocation script's SHA-1 (what EVALSHA names), e.g. for
+    /// `redis-benchmark`.
+    pub fn allocate_sha(&self) -> &str {
+        self.allocate.get_hash()
+    }
+
+    /// The Redis key of a pool's eligible set.
+    pub fn eligible_key(pool: &str) -> String {
+        eligible_key(pool)
+    }
+
     /// Makes `member` eligible (see the restore policy in the module
     /// docs); returns the count it starts at.
     pub async fn admit(&self, pool: &str, member: &str) -> Result<f64, ProxyError> {

@@ -135,6 +135,26 @@ enum ProxiesCommand {
     },
     /// A pool's eligible members and their allocation counts.
     List { pool: String },
+    /// Check the candidates of a free proxy list (FILE: one
+    /// scheme://host:port a line; `-` for stdin) and admit the eligible.
+    Import {
+        pool: String,
+        file: PathBuf,
+        /// Requested through each candidate; must answer 2xx.
+        #[arg(long)]
+        check_url: String,
+        #[arg(long, default_value_t = 5000)]
+        timeout_ms: u64,
+        /// Slower candidates are refused.
+        #[arg(long, default_value_t = 2000)]
+        max_latency_ms: u64,
+        /// Schemes a member may have.
+        #[arg(long, value_delimiter = ',', default_value = "http")]
+        schemes: Vec<String>,
+        /// Hosts never admitted.
+        #[arg(long, value_delimiter = ',')]
+        deny: Vec<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -428,6 +448,49 @@ async fn proxies(settings: &Settings, command: ProxiesCommand) -> anyhow::Result
                     None => anyhow::bail!("proxy pool {pool} has no eligible proxy"),
                 }
             }
+        }
+        ProxiesCommand::Import {
+            pool,
+            file,
+            check_url,
+            timeout_ms,
+            max_latency_ms,
+            schemes,
+            deny,
+        } => {
+            let list = if file.as_os_str() == "-" {
+                std::io::read_to_string(std::io::stdin()).context("failed to read stdin")?
+            } else {
+                std::fs::read_to_string(&file)
+                    .with_context(|| format!("failed to read {}", file.display()))?
+            };
+            let rules = crate::proxy::Eligibility {
+                check_url,
+                timeout: Duration::from_millis(timeout_ms),
+                schemes,
+                max_latency: Duration::from_millis(max_latency_ms),
+                deny,
+            };
+            let report = pools.import(&pool, &list, &rules).await?;
+            for (proxy, latency, start) in &report.admitted {
+                println!(
+                    "admitted {proxy} ({} ms; starts at {start} allocations)",
+                    latency.as_millis()
+                );
+            }
+            for (proxy, reason) in &report.refused {
+                println!("refused  {proxy}: {reason}");
+            }
+            for junk in &report.junk {
+                println!("line {}: {:?}: {}", junk.line, junk.text, junk.reason);
+            }
+            println!(
+                "{}: {} admitted, {} refused, {} junk lines",
+                pool,
+                report.admitted.len(),
+                report.refused.len(),
+                report.junk.len()
+            );
         }
         ProxiesCommand::List { pool } => {
             println!("{:<40} allocations", "PROXY");

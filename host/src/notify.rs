@@ -137,9 +137,7 @@ pub struct Sender {
 
 impl Sender {
     pub fn new(timeout: Duration) -> anyhow::Result<Sender> {
-        // reqwest is built without a default TLS crypto provider.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let client = reqwest::Client::builder()
+        let client = http_client()
             .timeout(timeout)
             .user_agent(concat!("laurel/", env!("CARGO_PKG_VERSION")))
             .no_proxy()
@@ -187,7 +185,14 @@ impl Sender {
     }
 }
 
-fn error_chain(error: &dyn std::error::Error) -> String {
+/// An HTTP client builder with TLS ready: reqwest is built without a
+/// default crypto provider (ring is installed once, here).
+pub(crate) fn http_client() -> reqwest::ClientBuilder {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder()
+}
+
+pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {

@@ -211,9 +211,203 @@ impl ProxyPools {
     }
 }
 
+/// A line of a candidate list that is not a proxy address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JunkLine {
+    /// 1-based.
+    pub line: usize,
+    pub text: String,
+    pub reason: String,
+}
+
+/// Reads a free proxy list: one `scheme://host:port` a line (blank lines
+/// and `#` comments skipped). Returns the candidates (normalised, each
+/// once, in order) and the lines that are not addresses, with why.
+pub fn parse_candidates(text: &str) -> (Vec<String>, Vec<JunkLine>) {
+    let mut candidates: Vec<String> = Vec::new();
+    let mut junk = Vec::new();
+    for (n, raw) in text.lines().enumerate() {
+        let line = raw.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let reject = |reason: &str| JunkLine {
+            line: n + 1,
+            text: line.chars().take(200).collect(),
+            reason: reason.to_string(),
+        };
+        if !line.contains("://") {
+            junk.push(reject("expected scheme://host:port"));
+            continue;
+        }
+        let url = match reqwest::Url::parse(line) {
+            Ok(url) => url,
+            Err(error) => {
+                junk.push(reject(&format!("not an address: {error}")));
+                continue;
+            }
+        };
+        if !url.username().is_empty() || url.password().is_some() {
+            junk.push(reject(
+                "credentials in a candidate address are not accepted",
+            ));
+            continue;
+        }
+        if !(url.path().is_empty() || url.path() == "/") || url.query().is_some() {
+            junk.push(reject(
+                "expected scheme://host:port, nothing after the port",
+            ));
+            continue;
+        }
+        // The scheme's default port counts (http://host is host:80).
+        let (Some(host), Some(port)) = (url.host_str(), url.port_or_known_default()) else {
+            junk.push(reject("expected scheme://host:port, with the port"));
+            continue;
+        };
+        let candidate = format!("{}://{host}:{port}", url.scheme());
+        if !candidates.contains(&candidate) {
+            candidates.push(candidate);
+        }
+    }
+    (candidates, junk)
+}
+
+/// A pool's checks for a candidate (or a member, re-checked).
+#[derive(Debug, Clone)]
+pub struct Eligibility {
+    /// Requested through the candidate; must answer 2xx.
+    pub check_url: String,
+    /// The check request's time limit.
+    pub timeout: std::time::Duration,
+    /// Schemes a member may have (e.g. `http`).
+    pub schemes: Vec<String>,
+    /// Slower answers are refused.
+    pub max_latency: std::time::Duration,
+    /// Hosts never admitted.
+    pub deny: Vec<String>,
+}
+
+/// Checks one candidate; its latency if eligible, else why not.
+pub async fn check(candidate: &str, rules: &Eligibility) -> Result<std::time::Duration, String> {
+    let url = reqwest::Url::parse(candidate).map_err(|e| format!("not an address: {e}"))?;
+    if !rules.schemes.iter().any(|s| s == url.scheme()) {
+        return Err(format!(
+            "scheme {} is not allowed (allowed: {})",
+            url.scheme(),
+            rules.schemes.join(", ")
+        ));
+    }
+    let host = url.host_str().unwrap_or_default();
+    if rules.deny.iter().any(|d| d.eq_ignore_ascii_case(host)) {
+        return Err(format!("host {host} is on the pool's deny-list"));
+    }
+    let proxy = reqwest::Proxy::all(candidate).map_err(|e| format!("unusable as a proxy: {e}"))?;
+    let client = crate::notify::http_client()
+        .proxy(proxy)
+        .timeout(rules.timeout)
+        .build()
+        .map_err(|e| format!("unusable as a proxy: {e}"))?;
+    let started = std::time::Instant::now();
+    let response = client.get(&rules.check_url).send().await.map_err(|e| {
+        format!(
+            "the check request through it failed: {}",
+            crate::notify::error_chain(&e)
+        )
+    })?;
+    let latency = started.elapsed();
+    if !response.status().is_success() {
+        return Err(format!(
+            "the check URL answered {} through it",
+            response.status()
+        ));
+    }
+    if latency > rules.max_latency {
+        return Err(format!(
+            "too slow: {} ms (ceiling {} ms)",
+            latency.as_millis(),
+            rules.max_latency.as_millis()
+        ));
+    }
+    Ok(latency)
+}
+
+/// What importing a candidate list did.
+#[derive(Debug, Default, Clone)]
+pub struct ImportReport {
+    /// Admitted, with the check's latency and the count it starts at.
+    pub admitted: Vec<(String, std::time::Duration, f64)>,
+    /// Candidates that failed a check, with why.
+    pub refused: Vec<(String, String)>,
+    pub junk: Vec<JunkLine>,
+}
+
+impl ProxyPools {
+    /// Checks every candidate of a list (concurrently) and admits the
+    /// eligible ones to `pool`.
+    pub async fn import(
+        &self,
+        pool: &str,
+        list: &str,
+        rules: &Eligibility,
+    ) -> Result<ImportReport, ProxyError> {
+        use futures_util::StreamExt;
+        check_pool(pool)?;
+        let (candidates, junk) = parse_candidates(list);
+        let checked: Vec<(String, Result<std::time::Duration, String>)> =
+            futures_util::stream::iter(candidates.into_iter().map(|candidate| async move {
+                let result = check(&candidate, rules).await;
+                (candidate, result)
+            }))
+            .buffer_unordered(16)
+            .collect()
+            .await;
+        let mut report = ImportReport {
+            junk,
+            ..ImportReport::default()
+        };
+        for (candidate, result) in checked {
+            match result {
+                Ok(latency) => {
+                    let start = self.admit(pool, &candidate).await?;
+                    report.admitted.push((candidate, latency, start));
+                }
+                Err(reason) => report.refused.push((candidate, reason)),
+            }
+        }
+        report.admitted.sort_by(|a, b| a.0.cmp(&b.0));
+        report.refused.sort();
+        Ok(report)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn candidate_lists_are_read_and_junk_is_reported_by_line() {
+        let list = "# free proxies\nhttp://10.0.0.1:8080\n\n10.0.0.2:3128\nhttp://10.0.0.1:8080/\nsocks5://10.0.0.3:1080\nsocks5://10.0.0.4\nhttp://u:p@10.0.0.5:80\nhttp://10.0.0.6:80/x\n:::\nhttp://10.0.0.7\n";
+        let (candidates, junk) = parse_candidates(list);
+        assert_eq!(
+            candidates,
+            vec![
+                "http://10.0.0.1:8080",
+                "socks5://10.0.0.3:1080",
+                "http://10.0.0.7:80"
+            ]
+        );
+        let lines: Vec<(usize, &str)> = junk.iter().map(|j| (j.line, j.reason.as_str())).collect();
+        assert_eq!(
+            lines,
+            vec![
+                (4, "expected scheme://host:port"),
+                (7, "expected scheme://host:port, with the port"),
+                (8, "credentials in a candidate address are not accepted"),
+                (9, "expected scheme://host:port, nothing after the port"),
+                (10, "expected scheme://host:port"),
+            ]
+        );
+    }
 
     #[test]
     fn a_pool_s_keys_share_one_hash_tag() {

@@ -209,3 +209,131 @@ async fn two_laurel_processes_share_a_pool_exactly() {
     assert!(max - min <= 1, "spread {min}..{max}");
     pools.delete_pool(&pool).await.unwrap();
 }
+
+/// A real forward proxy (Debian's tinyproxy) on a loopback port of its own.
+struct Tinyproxy {
+    child: std::process::Child,
+    url: String,
+    config: std::path::PathBuf,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Tinyproxy {
+    fn start(name: &str) -> Tinyproxy {
+        let port = free_port();
+        let config = std::env::temp_dir().join(format!("laurel-{name}-{port}.conf"));
+        std::fs::write(
+            &config,
+            format!(
+                "Port {port}\nListen 127.0.0.1\nTimeout 10\nAllow 127.0.0.1\nLogLevel Critical\nMaxClients 50\nViaProxyName \"{name}\"\n"
+            ),
+        )
+        .unwrap();
+        let child = std::process::Command::new("tinyproxy")
+            .args(["-d", "-c"])
+            .arg(&config)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("tinyproxy runs (Debian package tinyproxy)");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "tinyproxy did not start"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        Tinyproxy {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+            config,
+        }
+    }
+}
+
+impl Drop for Tinyproxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.config);
+    }
+}
+
+/// A check URL on loopback that answers 200.
+async fn check_server() -> String {
+    let app = axum::Router::new().route("/check", axum::routing::get(|| async { "ok" }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/check", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    url
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eligibility_admits_the_live_forward_proxies_only() {
+    use laurel::proxy::Eligibility;
+    use std::time::Duration;
+    let pools = ProxyPools::connect(&redis_url()).await.unwrap();
+    let pool = pool_name("eligibility");
+    let check_url = check_server().await;
+    let (a, b) = (Tinyproxy::start("tp-a"), Tinyproxy::start("tp-b"));
+    let dead = format!("http://127.0.0.1:{}", free_port());
+    let list = format!(
+        "# candidates\n{}\n{}\nnot a proxy\n{dead}\nsocks5://127.0.0.1:1080\n",
+        a.url, b.url
+    );
+    let rules = Eligibility {
+        check_url,
+        timeout: Duration::from_secs(2),
+        schemes: vec!["http".into()],
+        max_latency: Duration::from_secs(2),
+        deny: Vec::new(),
+    };
+    let report = pools.import(&pool, &list, &rules).await.unwrap();
+    let admitted: Vec<&str> = report.admitted.iter().map(|(p, _, _)| p.as_str()).collect();
+    let mut live = vec![a.url.as_str(), b.url.as_str()];
+    live.sort();
+    assert_eq!(admitted, live);
+    let refused: BTreeMap<&str, &str> = report
+        .refused
+        .iter()
+        .map(|(p, r)| (p.as_str(), r.as_str()))
+        .collect();
+    assert!(
+        refused[dead.as_str()].contains("the check request through it failed"),
+        "{refused:?}"
+    );
+    assert_eq!(
+        refused["socks5://127.0.0.1:1080"],
+        "scheme socks5 is not allowed (allowed: http)"
+    );
+    assert_eq!(
+        report.junk.iter().map(|j| j.line).collect::<Vec<_>>(),
+        vec![4]
+    );
+    for _ in 0..10 {
+        let proxy = pools.allocate(&pool).await.unwrap().unwrap();
+        assert!(live.contains(&proxy.as_str()), "{proxy}");
+    }
+    // A deny-list keeps even a live proxy out.
+    let denied = Eligibility {
+        deny: vec!["127.0.0.1".into()],
+        ..rules
+    };
+    let other = pool_name("denied");
+    let report = pools.import(&other, &a.url, &denied).await.unwrap();
+    assert!(report.admitted.is_empty());
+    assert_eq!(
+        report.refused[0].1,
+        "host 127.0.0.1 is on the pool's deny-list"
+    );
+    pools.delete_pool(&pool).await.unwrap();
+    pools.delete_pool(&other).await.unwrap();
+}

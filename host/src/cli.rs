@@ -166,6 +166,9 @@ enum WebhooksCommand {
         /// Comma-separated: award.completed, award.revoked.
         #[arg(long, value_delimiter = ',', default_value = "award.completed")]
         events: Vec<String>,
+        /// Send each delivery through a proxy allocated from this pool.
+        #[arg(long)]
+        proxy_pool: Option<String>,
     },
     /// List webhooks.
     List,
@@ -506,9 +509,14 @@ async fn webhooks(settings: &Settings, command: WebhooksCommand) -> anyhow::Resu
     let mut store = Store::connect(&settings.database_url).await?;
     store.migrate().await?;
     match command {
-        WebhooksCommand::Set { name, url, events } => {
-            let webhook =
-                notify::checked_webhook(&name, &url, &events, None).map_err(anyhow::Error::msg)?;
+        WebhooksCommand::Set {
+            name,
+            url,
+            events,
+            proxy_pool,
+        } => {
+            let webhook = notify::checked_webhook(&name, &url, &events, proxy_pool.as_deref())
+                .map_err(anyhow::Error::msg)?;
             store.set_webhook(&webhook).await?;
             println!("webhook {name} -> {url} ({})", events.join(", "));
         }

@@ -15,6 +15,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use tracing::{info, warn};
 
+use crate::proxy::ProxyPools;
 use crate::store::{self, Delivery, Store, StoreError, Webhook};
 
 #[derive(Debug, Clone)]
@@ -29,6 +30,8 @@ pub struct NotifySettings {
     pub timeout: Duration,
     /// Deliveries in flight at once.
     pub concurrency: usize,
+    /// Redis, for webhooks that send through a proxy pool.
+    pub redis_url: Option<String>,
 }
 
 impl Default for NotifySettings {
@@ -39,6 +42,7 @@ impl Default for NotifySettings {
             backoff_cap: Duration::from_secs(600),
             timeout: Duration::from_secs(10),
             concurrency: 16,
+            redis_url: None,
         }
     }
 }
@@ -81,6 +85,9 @@ pub fn checked_webhook(
     if events.is_empty() {
         return Err("a webhook needs at least one event type".into());
     }
+    if let Some(pool) = proxy_pool {
+        crate::proxy::check_pool(pool).map_err(|e| e.to_string())?;
+    }
     for event in events {
         if !EVENTS.contains(&event.as_str()) {
             return Err(format!(
@@ -108,12 +115,17 @@ pub fn backoff(attempt: i32, base: Duration, cap: Duration) -> Duration {
 pub enum DeliveryError {
     #[error("webhook {0} no longer exists")]
     NoWebhook(String),
-    #[error(
-        "webhook {webhook} sends through proxy pool {pool}, but this build has no proxy pools yet"
-    )]
-    NoProxyPools { webhook: String, pool: String },
-    #[error("POST {url} failed: {error}")]
-    Request { url: String, error: String },
+    /// The pool has no eligible proxy: nothing was sent.
+    #[error("proxy pool {pool} has no eligible proxy: not sent")]
+    NoProxy { pool: String },
+    #[error("no proxy from pool {pool}: {reason}")]
+    ProxyUnavailable { pool: String, reason: String },
+    #[error("POST {url}{via} failed: {error}")]
+    Request {
+        url: String,
+        via: String,
+        error: String,
+    },
     #[error("POST {url} answered {status}: {body}")]
     Status {
         url: String,
@@ -133,16 +145,59 @@ impl DeliveryError {
 #[derive(Clone)]
 pub struct Sender {
     client: reqwest::Client,
+    timeout: Duration,
+    /// Redis, for webhooks that send through a proxy pool; connected at
+    /// the first such delivery, so Redis being away never holds up the
+    /// others.
+    redis_url: Option<String>,
+    pools: std::sync::Arc<tokio::sync::OnceCell<ProxyPools>>,
 }
 
 impl Sender {
-    pub fn new(timeout: Duration) -> anyhow::Result<Sender> {
+    pub fn new(timeout: Duration, redis_url: Option<String>) -> anyhow::Result<Sender> {
         let client = http_client()
             .timeout(timeout)
             .user_agent(concat!("laurel/", env!("CARGO_PKG_VERSION")))
             .no_proxy()
             .build()?;
-        Ok(Sender { client })
+        Ok(Sender {
+            client,
+            timeout,
+            redis_url,
+            pools: Default::default(),
+        })
+    }
+
+    /// A client for this one request through a proxy allocated from
+    /// `pool`, and the proxy.
+    async fn through_pool(&self, pool: &str) -> Result<(reqwest::Client, String), DeliveryError> {
+        let unavailable = |reason: String| DeliveryError::ProxyUnavailable {
+            pool: pool.to_string(),
+            reason,
+        };
+        let url = self
+            .redis_url
+            .as_deref()
+            .ok_or_else(|| unavailable("no Redis configured".into()))?;
+        let pools = self
+            .pools
+            .get_or_try_init(|| ProxyPools::connect(url))
+            .await
+            .map_err(|e| unavailable(e.to_string()))?;
+        let proxy = pools
+            .allocate(pool)
+            .await
+            .map_err(|e| unavailable(e.to_string()))?
+            .ok_or_else(|| DeliveryError::NoProxy {
+                pool: pool.to_string(),
+            })?;
+        let client = http_client()
+            .timeout(self.timeout)
+            .user_agent(concat!("laurel/", env!("CARGO_PKG_VERSION")))
+            .proxy(reqwest::Proxy::all(&proxy).map_err(|e| unavailable(e.to_string()))?)
+            .build()
+            .map_err(|e| unavailable(e.to_string()))?;
+        Ok((client, proxy))
     }
 
     pub async fn send(
@@ -150,18 +205,18 @@ impl Sender {
         webhook: &Webhook,
         payload: &serde_json::Value,
     ) -> Result<(), DeliveryError> {
-        if let Some(pool) = &webhook.proxy_pool {
-            return Err(DeliveryError::NoProxyPools {
-                webhook: webhook.name.clone(),
-                pool: pool.clone(),
-            });
-        }
+        let (client, via) = match &webhook.proxy_pool {
+            Some(pool) => {
+                let (client, proxy) = self.through_pool(pool).await?;
+                (client, format!(" via proxy {proxy}"))
+            }
+            None => (self.client.clone(), String::new()),
+        };
         let key = payload
             .get("idempotency_key")
             .and_then(|k| k.as_str())
             .unwrap_or_default();
-        let response = self
-            .client
+        let response = client
             .post(&webhook.url)
             .header("content-type", "application/json")
             .header("idempotency-key", key)
@@ -170,6 +225,7 @@ impl Sender {
             .await
             .map_err(|error| DeliveryError::Request {
                 url: webhook.url.clone(),
+                via,
                 error: error_chain(&error),
             })?;
         let status = response.status();
@@ -273,7 +329,7 @@ pub async fn run(
     database_url: &str,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let sender = Sender::new(settings.timeout)?;
+    let sender = Sender::new(settings.timeout, settings.redis_url.clone())?;
     let mut queued = store::listen(database_url, &[store::OUTBOX_CHANNEL]).await?;
     tokio::pin!(shutdown);
     let mut backoff_db = Duration::from_millis(100);

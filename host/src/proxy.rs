@@ -87,7 +87,8 @@ fn history_key(pool: &str) -> String {
     format!("laurel:pool:{{{pool}}}:history")
 }
 
-fn check_pool(pool: &str) -> Result<(), ProxyError> {
+/// A pool name Laurel accepts (it becomes part of Redis keys).
+pub fn check_pool(pool: &str) -> Result<(), ProxyError> {
     let ok = !pool.is_empty()
         && pool.len() <= 128
         && pool

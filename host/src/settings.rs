@@ -206,6 +206,7 @@ impl Settings {
                 self.webhook_backoff_cap_ms.max(self.webhook_backoff_ms),
             ),
             timeout: Duration::from_millis(self.webhook_timeout_ms.max(1)),
+            redis_url: Some(self.redis_url.clone()),
             ..NotifySettings::default()
         }
     }

@@ -68,10 +68,14 @@ fn fast_retries(max_attempts: i32) -> NotifySettings {
 
 /// A user completes the counter award (goal 50) with a webhook set.
 async fn completion_with_webhook(url: &str) -> TestDb {
+    completion_with_webhook_via(url, None).await
+}
+
+async fn completion_with_webhook_via(url: &str, proxy_pool: Option<&str>) -> TestDb {
     let db = db_with_counter_award().await;
     let store = db.store().await;
     let webhook =
-        notify::checked_webhook("hook", url, &["award.completed".to_string()], None).unwrap();
+        notify::checked_webhook("hook", url, &["award.completed".to_string()], proxy_pool).unwrap();
     store.set_webhook(&webhook).await.unwrap();
     db.sql()
         .await
@@ -219,4 +223,86 @@ fn webhooks_are_checked_before_they_are_stored() {
     )
     .unwrap();
     assert_eq!(ok.events.len(), 2);
+}
+
+/// A receiver that records each request's `Via` header (added by the
+/// forward proxy it came through).
+async fn via_receiver() -> (String, Arc<Mutex<Vec<String>>>) {
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let app = axum::Router::new()
+        .route(
+            "/hook",
+            post(
+                |State(seen): State<Arc<Mutex<Vec<String>>>>, headers: HeaderMap| async move {
+                    let via = headers
+                        .get("via")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("(direct)")
+                        .to_string();
+                    seen.lock().unwrap().push(via);
+                    StatusCode::OK
+                },
+            ),
+        )
+        .with_state(seen.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, seen)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_with_a_proxy_pool_is_delivered_through_the_allocated_proxy() {
+    use crate::proxy::{Tinyproxy, pool_name, redis_url};
+    let proxy = Tinyproxy::start("tp-hook");
+    let pools = laurel::proxy::ProxyPools::connect(&redis_url())
+        .await
+        .unwrap();
+    let pool = pool_name("webhook");
+    pools.admit(&pool, &proxy.url).await.unwrap();
+    let (url, seen) = via_receiver().await;
+    let db = completion_with_webhook_via(&url, Some(&pool)).await;
+    let watched = seen.clone();
+    let settings = NotifySettings {
+        redis_url: Some(redis_url()),
+        ..fast_retries(5)
+    };
+    notify_until(&db, settings, move || !watched.lock().unwrap().is_empty()).await;
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert!(seen[0].contains("tp-hook"), "arrived via {}", seen[0]);
+    assert_eq!(
+        pools.members(&pool).await.unwrap()[0].1,
+        1.0,
+        "one allocation"
+    );
+    let rows = db.store().await.notifications().await.unwrap();
+    assert_eq!(rows[0].state, "delivered");
+    pools.delete_pool(&pool).await.unwrap();
+    db.drop_database().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_proxy_pool_sends_nothing_and_the_outbox_says_why() {
+    use crate::proxy::{pool_name, redis_url};
+    let pool = pool_name("empty-webhook");
+    let (url, seen) = via_receiver().await;
+    let db = completion_with_webhook_via(&url, Some(&pool)).await;
+    let settings = NotifySettings {
+        redis_url: Some(redis_url()),
+        ..fast_retries(2)
+    };
+    let store = db.store().await;
+    let started = std::time::Instant::now();
+    notify_until(&db, settings, move || {
+        started.elapsed() > Duration::from_millis(1500)
+    })
+    .await;
+    assert!(seen.lock().unwrap().is_empty(), "no request sent");
+    let rows = store.notifications().await.unwrap();
+    assert_eq!(
+        rows[0].last_error.as_deref(),
+        Some(format!("proxy pool {pool} has no eligible proxy: not sent").as_str())
+    );
+    db.drop_database().await;
 }

@@ -6,12 +6,12 @@ use std::collections::BTreeMap;
 
 use laurel::proxy::ProxyPools;
 
-fn redis_url() -> String {
+pub fn redis_url() -> String {
     std::env::var("LAUREL_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
 }
 
 /// A pool name of its own per test run, so runs and tests don't meet.
-fn pool_name(test: &str) -> String {
+pub fn pool_name(test: &str) -> String {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -211,13 +211,13 @@ async fn two_laurel_processes_share_a_pool_exactly() {
 }
 
 /// A real forward proxy (Debian's tinyproxy) on a loopback port of its own.
-struct Tinyproxy {
+pub struct Tinyproxy {
     child: std::process::Child,
-    url: String,
+    pub url: String,
     config: std::path::PathBuf,
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -226,7 +226,7 @@ fn free_port() -> u16 {
 }
 
 impl Tinyproxy {
-    fn start(name: &str) -> Tinyproxy {
+    pub fn start(name: &str) -> Tinyproxy {
         let port = free_port();
         let config = std::env::temp_dir().join(format!("laurel-{name}-{port}.conf"));
         std::fs::write(

@@ -126,6 +126,28 @@ enum AwardsCommand {
 
 #[derive(Debug, Subcommand)]
 enum ProxiesCommand {
+    /// Configure proxy pools: what each admits and how it hands out.
+    Pool {
+        #[command(subcommand)]
+        command: PoolCommand,
+    },
+    /// Configured pools and their settings.
+    Pools,
+    /// Read a free proxy list (SOURCE: a file, `-` for stdin, or an
+    /// http(s) URL; one scheme://host:port a line) into POOL: each
+    /// candidate is checked now and the eligible admitted.
+    Import {
+        pool: String,
+        source: String,
+        /// Drop the pool's candidates that are not in this list.
+        #[arg(long)]
+        replace: bool,
+    },
+    /// Check every candidate of POOL now: failing members leave the
+    /// eligible set, recovered ones come back.
+    Check { pool: String },
+    /// A pool's proxies: eligible or why not, allocations, leases.
+    List { pool: String },
     /// Allocate the least-used eligible proxy of POOL (counted), COUNT
     /// times; prints each, or says the pool has none.
     Allocate {
@@ -133,16 +155,19 @@ enum ProxiesCommand {
         #[arg(long, default_value_t = 1)]
         count: u32,
     },
-    /// A pool's eligible members and their allocation counts.
-    List { pool: String },
-    /// Check the candidates of a free proxy list (FILE: one
-    /// scheme://host:port a line; `-` for stdin) and admit the eligible.
-    Import {
-        pool: String,
-        file: PathBuf,
+}
+
+#[derive(Debug, Subcommand)]
+enum PoolCommand {
+    /// Create or change a pool (its candidates stay).
+    Set {
+        name: String,
         /// Requested through each candidate; must answer 2xx.
         #[arg(long)]
         check_url: String,
+        /// least-used, or least-concurrent (leases).
+        #[arg(long, default_value = "least-used")]
+        policy: String,
         #[arg(long, default_value_t = 5000)]
         timeout_ms: u64,
         /// Slower candidates are refused.
@@ -154,7 +179,18 @@ enum ProxiesCommand {
         /// Hosts never admitted.
         #[arg(long, value_delimiter = ',')]
         deny: Vec<String>,
+        /// How often every candidate is checked again.
+        #[arg(long, default_value_t = 300_000)]
+        recheck_ms: u64,
+        /// least-concurrent: a lease not released by then expires.
+        #[arg(long, default_value_t = 60_000)]
+        lease_ttl_ms: u64,
+        /// least-concurrent: leases one member may hold at once.
+        #[arg(long)]
+        max_in_flight: Option<i32>,
     },
+    /// Delete a pool: its settings, candidates and Redis keys.
+    Delete { name: String },
 }
 
 #[derive(Debug, Subcommand)]
@@ -442,7 +478,13 @@ async fn show_user(store: &Store, user_id: &str) -> anyhow::Result<()> {
 }
 
 async fn proxies(settings: &Settings, command: ProxiesCommand) -> anyhow::Result<()> {
-    let pools = crate::proxy::ProxyPools::connect(&settings.redis_url).await?;
+    use crate::proxy::{self, ProxyPools};
+    let pools = ProxyPools::connect(&settings.redis_url).await?;
+    let store = || async {
+        let mut store = Store::connect(&settings.database_url).await?;
+        store.migrate().await?;
+        anyhow::Ok(store)
+    };
     match command {
         ProxiesCommand::Allocate { pool, count } => {
             for _ in 0..count {
@@ -452,57 +494,139 @@ async fn proxies(settings: &Settings, command: ProxiesCommand) -> anyhow::Result
                 }
             }
         }
-        ProxiesCommand::Import {
-            pool,
-            file,
-            check_url,
-            timeout_ms,
-            max_latency_ms,
-            schemes,
-            deny,
+        ProxiesCommand::Pool {
+            command:
+                PoolCommand::Set {
+                    name,
+                    check_url,
+                    policy,
+                    timeout_ms,
+                    max_latency_ms,
+                    schemes,
+                    deny,
+                    recheck_ms,
+                    lease_ttl_ms,
+                    max_in_flight,
+                },
         } => {
-            let list = if file.as_os_str() == "-" {
-                std::io::read_to_string(std::io::stdin()).context("failed to read stdin")?
-            } else {
-                std::fs::read_to_string(&file)
-                    .with_context(|| format!("failed to read {}", file.display()))?
-            };
-            let rules = crate::proxy::Eligibility {
+            let pool = crate::store::ProxyPoolRow {
+                name,
+                policy,
                 check_url,
                 timeout: Duration::from_millis(timeout_ms),
                 schemes,
                 max_latency: Duration::from_millis(max_latency_ms),
                 deny,
+                recheck_every: Duration::from_millis(recheck_ms),
+                lease_ttl: Duration::from_millis(lease_ttl_ms),
+                max_in_flight,
             };
-            let report = pools.import(&pool, &list, &rules).await?;
-            for (proxy, latency, start) in &report.admitted {
-                println!(
-                    "admitted {proxy} ({} ms; starts at {start} allocations)",
-                    latency.as_millis()
-                );
-            }
-            for (proxy, reason) in &report.refused {
-                println!("refused  {proxy}: {reason}");
-            }
-            for junk in &report.junk {
-                println!("line {}: {:?}: {}", junk.line, junk.text, junk.reason);
-            }
+            proxy::checked_pool(&pool).map_err(anyhow::Error::msg)?;
+            store().await?.set_proxy_pool(&pool).await?;
             println!(
-                "{}: {} admitted, {} refused, {} junk lines",
-                pool,
-                report.admitted.len(),
-                report.refused.len(),
-                report.junk.len()
+                "proxy pool {} ({}, checked via {})",
+                pool.name, pool.policy, pool.check_url
             );
         }
+        ProxiesCommand::Pool {
+            command: PoolCommand::Delete { name },
+        } => {
+            proxy::check_pool(&name)?;
+            let existed = store().await?.delete_proxy_pool(&name).await?;
+            pools.delete_pool(&name).await?;
+            anyhow::ensure!(existed, "no proxy pool named {name}");
+            println!("deleted proxy pool {name}");
+        }
+        ProxiesCommand::Pools => {
+            println!(
+                "{:<24} {:<17} {:>8} {:>8} {:>9} CHECK URL",
+                "NAME", "POLICY", "TIMEOUT", "CEILING", "RECHECK"
+            );
+            for p in store().await?.proxy_pools().await? {
+                println!(
+                    "{:<24} {:<17} {:>6}ms {:>6}ms {:>8}s {}",
+                    p.name,
+                    p.policy,
+                    p.timeout.as_millis(),
+                    p.max_latency.as_millis(),
+                    p.recheck_every.as_secs(),
+                    p.check_url
+                );
+            }
+        }
+        ProxiesCommand::Import {
+            pool,
+            source,
+            replace,
+        } => {
+            let list = if source == "-" {
+                std::io::read_to_string(std::io::stdin()).context("failed to read stdin")?
+            } else if source.starts_with("http://") || source.starts_with("https://") {
+                proxy::candidates::fetch_list(&source)
+                    .await
+                    .map_err(anyhow::Error::msg)?
+            } else {
+                std::fs::read_to_string(&source)
+                    .with_context(|| format!("failed to read {source}"))?
+            };
+            let store = store().await?;
+            let report = proxy::candidates::import(&store, &pools, &pool, &list, replace).await?;
+            print_report(&pool, &report);
+        }
+        ProxiesCommand::Check { pool } => {
+            let store = store().await?;
+            let report = proxy::candidates::check_pool_now(&store, &pools, &pool).await?;
+            print_report(&pool, &report);
+        }
         ProxiesCommand::List { pool } => {
-            println!("{:<40} allocations", "PROXY");
-            for (proxy, count) in pools.members(&pool).await? {
-                println!("{proxy:<40} {count}");
+            let store = store().await?;
+            let status = proxy::pool_status(&store, &pools, &pool).await?;
+            if status.config.is_none() {
+                println!("(pool {pool} is not configured: no checks, least-used)");
+            }
+            println!(
+                "{:<32} {:<8} {:>11} {:>9} {:>8} WHY NOT",
+                "PROXY", "ELIGIBLE", "ALLOCATIONS", "IN FLIGHT", "LATENCY"
+            );
+            for m in status.members {
+                println!(
+                    "{:<32} {:<8} {:>11} {:>9} {:>8} {}",
+                    m.proxy,
+                    if m.eligible { "yes" } else { "no" },
+                    m.allocations,
+                    m.in_flight,
+                    m.latency_ms.map(|l| format!("{l}ms")).unwrap_or_default(),
+                    m.reason.unwrap_or_default()
+                );
             }
         }
     }
     Ok(())
+}
+
+fn print_report(pool: &str, report: &crate::proxy::ImportReport) {
+    for (proxy, latency, start) in &report.admitted {
+        println!(
+            "eligible {proxy} ({} ms; at {start} allocations)",
+            latency.as_millis()
+        );
+    }
+    for (proxy, reason) in &report.refused {
+        println!("refused  {proxy}: {reason}");
+    }
+    for proxy in &report.dropped {
+        println!("dropped  {proxy}");
+    }
+    for junk in &report.junk {
+        println!("line {}: {:?}: {}", junk.line, junk.text, junk.reason);
+    }
+    println!(
+        "{pool}: {} eligible, {} refused, {} dropped, {} junk lines",
+        report.admitted.len(),
+        report.refused.len(),
+        report.dropped.len(),
+        report.junk.len()
+    );
 }
 
 async fn webhooks(settings: &Settings, command: WebhooksCommand) -> anyhow::Result<()> {
@@ -634,7 +758,7 @@ pub async fn up(
             }
         });
     }
-    let roles = ["ingest", "awards", "notify"].map(String::from);
+    let roles = ["ingest", "awards", "notify", "proxies"].map(String::from);
     run_roles(settings, &brokers, &roles, registry, shutdown).await
 }
 
@@ -655,8 +779,8 @@ pub async fn serve(
     roles: &[String],
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    const KNOWN: &[&str] = &["ingest", "awards", "notify", "api", "prefilter"];
-    const BUILT: &[&str] = &["ingest", "awards", "notify"];
+    const KNOWN: &[&str] = &["ingest", "awards", "notify", "proxies", "api", "prefilter"];
+    const BUILT: &[&str] = &["ingest", "awards", "notify", "proxies"];
     for role in roles {
         anyhow::ensure!(
             KNOWN.contains(&role.as_str()),
@@ -747,6 +871,16 @@ async fn run_roles(
         running.push(Box::pin(async move {
             let result = notify::run(settings.notify(), &settings.database_url, stopped).await;
             ("notify", result)
+        }));
+    }
+    if roles.contains("proxies") {
+        info!(message = "Proxy re-checker starting.", redis = %settings.redis_url);
+        let stopped = until_stopped(stopped.clone());
+        running.push(Box::pin(async move {
+            let result =
+                crate::proxy::candidates::run(&settings.database_url, &settings.redis_url, stopped)
+                    .await;
+            ("proxies", result)
         }));
     }
     tokio::pin!(shutdown);

@@ -15,7 +15,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use tracing::{info, warn};
 
-use crate::proxy::ProxyPools;
+use crate::proxy::{Policy, ProxyPools, Taken};
 use crate::store::{self, Delivery, Store, StoreError, Webhook};
 
 #[derive(Debug, Clone)]
@@ -168,9 +168,13 @@ impl Sender {
         })
     }
 
-    /// A client for this one request through a proxy allocated from
-    /// `pool`, and the proxy.
-    async fn through_pool(&self, pool: &str) -> Result<(reqwest::Client, String), DeliveryError> {
+    /// A client for this one request through a proxy taken from `pool`,
+    /// and what was taken (to give back after the request).
+    async fn through_pool(
+        &self,
+        pool: &str,
+        policy: Policy,
+    ) -> Result<(reqwest::Client, Taken, &ProxyPools), DeliveryError> {
         let unavailable = |reason: String| DeliveryError::ProxyUnavailable {
             pool: pool.to_string(),
             reason,
@@ -184,34 +188,62 @@ impl Sender {
             .get_or_try_init(|| ProxyPools::connect(url))
             .await
             .map_err(|e| unavailable(e.to_string()))?;
-        let proxy = pools
-            .allocate(pool)
+        let taken = pools
+            .take(pool, policy)
             .await
             .map_err(|e| unavailable(e.to_string()))?
             .ok_or_else(|| DeliveryError::NoProxy {
                 pool: pool.to_string(),
             })?;
-        let client = http_client()
-            .timeout(self.timeout)
-            .user_agent(concat!("laurel/", env!("CARGO_PKG_VERSION")))
-            .proxy(reqwest::Proxy::all(&proxy).map_err(|e| unavailable(e.to_string()))?)
-            .build()
-            .map_err(|e| unavailable(e.to_string()))?;
-        Ok((client, proxy))
+        let client = reqwest::Proxy::all(&taken.proxy)
+            .and_then(|proxy| {
+                http_client()
+                    .timeout(self.timeout)
+                    .user_agent(concat!("laurel/", env!("CARGO_PKG_VERSION")))
+                    .proxy(proxy)
+                    .build()
+            })
+            .map_err(|e| unavailable(e.to_string()));
+        match client {
+            Ok(client) => Ok((client, taken, pools)),
+            Err(error) => {
+                let _ = pools.give_back(&taken).await;
+                Err(error)
+            }
+        }
     }
 
+    /// Sends one delivery, through a proxy of the webhook's pool (under
+    /// `policy`; least-used for a pool not configured in the database).
     pub async fn send(
         &self,
         webhook: &Webhook,
+        policy: Option<Policy>,
         payload: &serde_json::Value,
     ) -> Result<(), DeliveryError> {
-        let (client, via) = match &webhook.proxy_pool {
+        match &webhook.proxy_pool {
             Some(pool) => {
-                let (client, proxy) = self.through_pool(pool).await?;
-                (client, format!(" via proxy {proxy}"))
+                let policy = policy.unwrap_or(Policy::LeastUsed);
+                let (client, taken, pools) = self.through_pool(pool, policy).await?;
+                let via = format!(" via proxy {}", taken.proxy);
+                let result = self.post(&client, webhook, &via, payload).await;
+                if let Err(error) = pools.give_back(&taken).await {
+                    // The lease expires by itself.
+                    warn!(message = "Could not release a proxy lease.", %error);
+                }
+                result
             }
-            None => (self.client.clone(), String::new()),
-        };
+            None => self.post(&self.client, webhook, "", payload).await,
+        }
+    }
+
+    async fn post(
+        &self,
+        client: &reqwest::Client,
+        webhook: &Webhook,
+        via: &str,
+        payload: &serde_json::Value,
+    ) -> Result<(), DeliveryError> {
         let key = payload
             .get("idempotency_key")
             .and_then(|k| k.as_str())
@@ -225,7 +257,7 @@ impl Sender {
             .await
             .map_err(|error| DeliveryError::Request {
                 url: webhook.url.clone(),
-                via,
+                via: via.to_string(),
                 error: error_chain(&error),
             })?;
         let status = response.status();
@@ -285,12 +317,25 @@ pub async fn deliver_due(
         .into_iter()
         .map(|w| (w.name.clone(), w))
         .collect();
+    let policies: HashMap<String, Policy> = if webhooks.values().any(|w| w.proxy_pool.is_some()) {
+        store
+            .proxy_pools()
+            .await?
+            .iter()
+            .map(|p| (p.name.clone(), Policy::of(p)))
+            .collect()
+    } else {
+        HashMap::new()
+    };
     let results: Vec<(Delivery, Result<(), DeliveryError>)> =
         futures_util::stream::iter(due.into_iter().map(|delivery| {
             let webhook = webhooks.get(&delivery.webhook);
+            let policy = webhook
+                .and_then(|w| w.proxy_pool.as_ref())
+                .and_then(|pool| policies.get(pool).copied());
             async move {
                 let result = match webhook {
-                    Some(webhook) => sender.send(webhook, &delivery.payload).await,
+                    Some(webhook) => sender.send(webhook, policy, &delivery.payload).await,
                     None => Err(DeliveryError::NoWebhook(delivery.webhook.clone())),
                 };
                 (delivery, result)

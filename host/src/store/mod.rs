@@ -9,6 +9,7 @@ mod counters;
 mod functions;
 mod migrations;
 mod notifications;
+mod proxies;
 
 pub use achievements::{
     AchieveState, AchieveUpdate, Backfill, ChangedAward, ClaimedChanges, CycleReport,
@@ -19,6 +20,7 @@ pub use counters::{Applied, Counters, Effect, LogEntry, Outcome};
 pub use functions::{FunctionRow, FunctionVersion, PushOutcome};
 pub use migrations::MIGRATIONS;
 pub use notifications::{Delivery, NotificationRow, Webhook};
+pub use proxies::{CandidateRow, ProxyPoolRow};
 
 use std::time::Duration;
 

@@ -306,3 +306,138 @@ async fn an_empty_proxy_pool_sends_nothing_and_the_outbox_says_why() {
     );
     db.drop_database().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deliveries_through_a_pool_wait_out_a_redis_outage_and_resume() {
+    use crate::proxy::{
+        PrivateRedis, Rechecker, Tinyproxy, check_server, free_port, pool_config, pool_name,
+        wait_for,
+    };
+    use laurel::proxy::{ProxyPools, candidates};
+    let port = free_port();
+    let redis = PrivateRedis::start_on(port);
+    let redis_url = redis.url();
+    let proxy = Tinyproxy::start("tp-outage");
+    let (url, seen) = via_receiver().await;
+    let pool = pool_name("outage");
+    let db = completion_with_webhook_via(&url, Some(&pool)).await;
+    let store = db.store().await;
+    store
+        .set_proxy_pool(&laurel::store::ProxyPoolRow {
+            recheck_every: Duration::from_millis(200),
+            ..pool_config(&pool, &check_server().await)
+        })
+        .await
+        .unwrap();
+    let pools = ProxyPools::connect(&redis_url).await.unwrap();
+    candidates::import(&store, &pools, &pool, &proxy.url, false)
+        .await
+        .unwrap();
+    let _rechecker = Rechecker::start(&db.url, &redis_url);
+
+    // Redis goes away (and, without persistence, forgets the pool).
+    drop(redis);
+    let error = pools.allocate(&pool).await.unwrap_err().to_string();
+    assert!(
+        error.contains(&format!("proxy pool {pool}: Redis at {redis_url} failed")),
+        "{error}"
+    );
+    let (stop, stopped) = oneshot::channel::<()>();
+    let settings = NotifySettings {
+        redis_url: Some(redis_url.clone()),
+        ..fast_retries(1000)
+    };
+    let notifier_db = db.url.clone();
+    let notifier = tokio::spawn(async move {
+        notify::run(settings, &notifier_db, async {
+            let _ = stopped.await;
+        })
+        .await
+    });
+    wait_for("a failed attempt names Redis", || {
+        let store = &store;
+        async move {
+            store.notifications().await.unwrap()[0]
+                .last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("Redis at"))
+        }
+    })
+    .await;
+    assert!(
+        seen.lock().unwrap().is_empty(),
+        "nothing sent without a proxy"
+    );
+    let error = store.notifications().await.unwrap()[0].last_error.clone();
+    assert!(
+        error
+            .as_deref()
+            .unwrap()
+            .starts_with(&format!("no proxy from pool {pool}: ")),
+        "{error:?}"
+    );
+
+    // Back (empty): the re-checker re-admits the proxy from PostgreSQL,
+    // and the delivery goes through it.
+    let _redis = PrivateRedis::start_on(port);
+    wait_for("the delivery arrives", || {
+        let seen = seen.clone();
+        async move { !seen.lock().unwrap().is_empty() }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let _ = stop.send(());
+    notifier.await.unwrap().unwrap();
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert!(seen[0].contains("tp-outage"), "arrived via {}", seen[0]);
+    let rows = store.notifications().await.unwrap();
+    assert_eq!(rows[0].state, "delivered");
+    // The connection that saw Redis go works again too.
+    wait_for("the old connection reconnects", || {
+        let (pools, pool) = (pools.clone(), pool.clone());
+        async move { pools.allocate(&pool).await.is_ok() }
+    })
+    .await;
+    db.drop_database().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_least_concurrent_pool_leases_the_proxy_for_the_delivery_and_releases_it() {
+    use crate::proxy::{Tinyproxy, check_server, pool_config, pool_name, redis_url};
+    let proxy = Tinyproxy::start("tp-lease");
+    let pools = laurel::proxy::ProxyPools::connect(&redis_url())
+        .await
+        .unwrap();
+    let pool = pool_name("lease-webhook");
+    let (url, seen) = via_receiver().await;
+    let db = completion_with_webhook_via(&url, Some(&pool)).await;
+    let store = db.store().await;
+    store
+        .set_proxy_pool(&laurel::store::ProxyPoolRow {
+            policy: "least-concurrent".into(),
+            max_in_flight: Some(1),
+            ..pool_config(&pool, &check_server().await)
+        })
+        .await
+        .unwrap();
+    laurel::proxy::candidates::import(&store, &pools, &pool, &proxy.url, false)
+        .await
+        .unwrap();
+    let watched = seen.clone();
+    let settings = NotifySettings {
+        redis_url: Some(redis_url()),
+        ..fast_retries(5)
+    };
+    notify_until(&db, settings, move || !watched.lock().unwrap().is_empty()).await;
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert!(seen[0].contains("tp-lease"), "arrived via {}", seen[0]);
+    assert_eq!(pools.members(&pool).await.unwrap()[0].1, 1.0);
+    assert!(
+        pools.in_flight(&pool).await.unwrap().is_empty(),
+        "the lease was released after the request"
+    );
+    pools.delete_pool(&pool).await.unwrap();
+    db.drop_database().await;
+}

@@ -1,10 +1,15 @@
 //! Proxy pools against the real Redis on loopback (`LAUREL_TEST_REDIS_URL`,
-//! default `redis://127.0.0.1:6379`): atomic least-used allocation under
-//! concurrency, the empty pool, the restore policy, Redis not there.
+//! default `redis://127.0.0.1:6379`) and real forward proxies (tinyproxy):
+//! atomic least-used allocation under concurrency, the empty pool, the
+//! restore policy, Redis not there, eligibility and re-checks, leases.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
-use laurel::proxy::ProxyPools;
+use laurel::proxy::{ProxyPools, candidates};
+use laurel::store::ProxyPoolRow;
+
+use crate::support::TestDb;
 
 pub fn redis_url() -> String {
     std::env::var("LAUREL_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
@@ -227,7 +232,11 @@ pub fn free_port() -> u16 {
 
 impl Tinyproxy {
     pub fn start(name: &str) -> Tinyproxy {
-        let port = free_port();
+        Tinyproxy::start_on(name, free_port())
+    }
+
+    /// On a given port (e.g. again where one was stopped).
+    pub fn start_on(name: &str, port: u16) -> Tinyproxy {
         let config = std::env::temp_dir().join(format!("laurel-{name}-{port}.conf"));
         std::fs::write(
             &config,
@@ -243,19 +252,23 @@ impl Tinyproxy {
             .stderr(std::process::Stdio::null())
             .spawn()
             .expect("tinyproxy runs (Debian package tinyproxy)");
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
             assert!(
                 std::time::Instant::now() < deadline,
                 "tinyproxy did not start"
             );
-            std::thread::sleep(std::time::Duration::from_millis(20));
+            std::thread::sleep(Duration::from_millis(20));
         }
         Tinyproxy {
             child,
             url: format!("http://127.0.0.1:{port}"),
             config,
         }
+    }
+
+    pub fn port(&self) -> u16 {
+        self.url.rsplit(':').next().unwrap().parse().unwrap()
     }
 }
 
@@ -268,7 +281,7 @@ impl Drop for Tinyproxy {
 }
 
 /// A check URL on loopback that answers 200.
-async fn check_server() -> String {
+pub async fn check_server() -> String {
     let app = axum::Router::new().route("/check", axum::routing::get(|| async { "ok" }));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/check", listener.local_addr().unwrap());
@@ -276,11 +289,27 @@ async fn check_server() -> String {
     url
 }
 
+/// A pool's settings as `laurel proxies pool set` would store them.
+pub fn pool_config(name: &str, check_url: &str) -> ProxyPoolRow {
+    ProxyPoolRow {
+        name: name.to_string(),
+        policy: "least-used".into(),
+        check_url: check_url.to_string(),
+        timeout: Duration::from_secs(2),
+        schemes: vec!["http".into()],
+        max_latency: Duration::from_secs(2),
+        deny: Vec::new(),
+        recheck_every: Duration::from_secs(300),
+        lease_ttl: Duration::from_secs(60),
+        max_in_flight: None,
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eligibility_admits_the_live_forward_proxies_only() {
-    use laurel::proxy::Eligibility;
-    use std::time::Duration;
     let pools = ProxyPools::connect(&redis_url()).await.unwrap();
+    let db = TestDb::new().await;
+    let store = db.store().await;
     let pool = pool_name("eligibility");
     let check_url = check_server().await;
     let (a, b) = (Tinyproxy::start("tp-a"), Tinyproxy::start("tp-b"));
@@ -289,14 +318,22 @@ async fn eligibility_admits_the_live_forward_proxies_only() {
         "# candidates\n{}\n{}\nnot a proxy\n{dead}\nsocks5://127.0.0.1:1080\n",
         a.url, b.url
     );
-    let rules = Eligibility {
-        check_url,
-        timeout: Duration::from_secs(2),
-        schemes: vec!["http".into()],
-        max_latency: Duration::from_secs(2),
-        deny: Vec::new(),
-    };
-    let report = pools.import(&pool, &list, &rules).await.unwrap();
+    // An unconfigured pool has no checks to run: refused, nothing kept.
+    let error = candidates::import(&store, &pools, &pool, &list, false)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains(&format!("proxy pool {pool} is not configured")),
+        "{error}"
+    );
+    store
+        .set_proxy_pool(&pool_config(&pool, &check_url))
+        .await
+        .unwrap();
+    let report = candidates::import(&store, &pools, &pool, &list, false)
+        .await
+        .unwrap();
     let admitted: Vec<&str> = report.admitted.iter().map(|(p, _, _)| p.as_str()).collect();
     let mut live = vec![a.url.as_str(), b.url.as_str()];
     live.sort();
@@ -322,13 +359,55 @@ async fn eligibility_admits_the_live_forward_proxies_only() {
         let proxy = pools.allocate(&pool).await.unwrap().unwrap();
         assert!(live.contains(&proxy.as_str()), "{proxy}");
     }
+    // What was decided is kept in PostgreSQL, with why (read directly).
+    let rows = db
+        .sql()
+        .await
+        .query(
+            "SELECT proxy, eligible, coalesce(reason, '') FROM proxy_candidates WHERE pool = $1 ORDER BY proxy",
+            &[&pool],
+        )
+        .await
+        .unwrap();
+    let kept: BTreeMap<String, (bool, String)> = rows
+        .iter()
+        .map(|r| (r.get(0), (r.get(1), r.get(2))))
+        .collect();
+    assert_eq!(kept.len(), 4);
+    assert_eq!(kept[&a.url], (true, String::new()));
+    assert!(!kept[&dead].0 && kept[&dead].1.contains("through it failed"));
+    // The operator's view: eligibility, why, allocations.
+    let status = laurel::proxy::pool_status(&store, &pools, &pool)
+        .await
+        .unwrap();
+    let allocations: f64 = status.members.iter().map(|m| m.allocations).sum();
+    assert_eq!(allocations, 10.0);
+    assert_eq!(status.members.iter().filter(|m| m.eligible).count(), 2);
+    // Replacing the list drops what it leaves out.
+    let report = candidates::import(&store, &pools, &pool, &a.url, true)
+        .await
+        .unwrap();
+    assert_eq!(report.dropped.len(), 3, "{:?}", report.dropped);
+    let members: Vec<String> = pools
+        .members(&pool)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(m, _)| m)
+        .collect();
+    assert_eq!(members, vec![a.url.clone()]);
     // A deny-list keeps even a live proxy out.
-    let denied = Eligibility {
-        deny: vec!["127.0.0.1".into()],
-        ..rules
-    };
     let other = pool_name("denied");
-    let report = pools.import(&other, &a.url, &denied).await.unwrap();
+    store
+        .set_proxy_pool(&ProxyPoolRow {
+            deny: vec!["127.0.0.1".into()],
+            ..pool_config(&other, &check_url)
+        })
+        .await
+        .unwrap();
+    let report = candidates::import(&store, &pools, &other, &a.url, false)
+        .await
+        .unwrap();
     assert!(report.admitted.is_empty());
     assert_eq!(
         report.refused[0].1,
@@ -336,4 +415,262 @@ async fn eligibility_admits_the_live_forward_proxies_only() {
     );
     pools.delete_pool(&pool).await.unwrap();
     pools.delete_pool(&other).await.unwrap();
+    db.drop_database().await;
+}
+
+#[test]
+fn pool_settings_are_checked_before_they_are_stored() {
+    let bad = ProxyPoolRow {
+        policy: "round-robin".into(),
+        schemes: vec!["ftp".into()],
+        recheck_every: Duration::ZERO,
+        ..pool_config("p", "file:///etc/passwd")
+    };
+    let error = laurel::proxy::checked_pool(&bad).unwrap_err();
+    for problem in [
+        "proxy pool p: ",
+        "unknown policy \"round-robin\" (expected least-used or least-concurrent)",
+        "check URL \"file:///etc/passwd\" is not an http(s) URL with a host",
+        "scheme \"ftp\" is not a proxy scheme",
+        "re-check interval must be between 1 ms and 20 days",
+    ] {
+        assert!(error.contains(problem), "{problem}: {error}");
+    }
+    assert!(laurel::proxy::checked_pool(&pool_config("p", "http://127.0.0.1/check")).is_ok());
+}
+
+/// Runs the re-checker role until dropped.
+pub struct Rechecker(tokio::task::JoinHandle<anyhow::Result<()>>);
+
+impl Rechecker {
+    pub fn start(database_url: &str, redis_url: &str) -> Rechecker {
+        let (database_url, redis_url) = (database_url.to_string(), redis_url.to_string());
+        Rechecker(tokio::spawn(async move {
+            candidates::run(&database_url, &redis_url, std::future::pending()).await
+        }))
+    }
+}
+
+impl Drop for Rechecker {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+pub async fn wait_for<F, Fut>(what: &str, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !condition().await {
+        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_member_leaves_the_pool_and_comes_back_when_it_recovers() {
+    let pools = ProxyPools::connect(&redis_url()).await.unwrap();
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let pool = pool_name("recheck");
+    let check_url = check_server().await;
+    store
+        .set_proxy_pool(&ProxyPoolRow {
+            recheck_every: Duration::from_millis(200),
+            ..pool_config(&pool, &check_url)
+        })
+        .await
+        .unwrap();
+    let (a, b) = (Tinyproxy::start("tp-a"), Tinyproxy::start("tp-b"));
+    let (a_url, a_port) = (a.url.clone(), a.port());
+    candidates::import(&store, &pools, &pool, &format!("{a_url}\n{}", b.url), false)
+        .await
+        .unwrap();
+    let _rechecker = Rechecker::start(&db.url, &redis_url());
+    for _ in 0..100 {
+        pools.allocate(&pool).await.unwrap();
+    }
+    let eligible = |pools: ProxyPools, pool: String, member: String| async move {
+        pools
+            .members(&pool)
+            .await
+            .unwrap()
+            .iter()
+            .any(|(m, _)| *m == member)
+    };
+    drop(a);
+    wait_for("the dead member leaves", || {
+        let (pools, pool, a_url) = (pools.clone(), pool.clone(), a_url.clone());
+        async move { !eligible(pools, pool, a_url).await }
+    })
+    .await;
+    for _ in 0..40 {
+        assert_eq!(
+            pools.allocate(&pool).await.unwrap().as_deref(),
+            Some(b.url.as_str()),
+            "only the live member is handed out"
+        );
+    }
+    let status = laurel::proxy::pool_status(&store, &pools, &pool)
+        .await
+        .unwrap();
+    let gone = status.members.iter().find(|m| m.proxy == a_url).unwrap();
+    assert!(!gone.eligible);
+    assert_eq!(gone.allocations, 50.0, "its count is kept");
+    assert!(
+        gone.reason
+            .as_deref()
+            .unwrap()
+            .contains("the check request through it failed"),
+        "{gone:?}"
+    );
+    // Back on the same port: restored at the pool's lowest count (b's 90),
+    // not at its own 50.
+    let _a = Tinyproxy::start_on("tp-a", a_port);
+    wait_for("the recovered member returns", || {
+        let (pools, pool, a_url) = (pools.clone(), pool.clone(), a_url.clone());
+        async move { eligible(pools, pool, a_url).await }
+    })
+    .await;
+    let counts: BTreeMap<String, f64> = pools.members(&pool).await.unwrap().into_iter().collect();
+    assert!(counts[&a_url] >= 90.0, "{counts:?}");
+    // Redis losing the set (a restart without persistence) is repaired
+    // from PostgreSQL at the next checks.
+    let client = redis::Client::open(redis_url()).unwrap();
+    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::cmd("DEL")
+        .arg(ProxyPools::eligible_key(&pool))
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    wait_for("both members are back after Redis forgot them", || {
+        let (pools, pool) = (pools.clone(), pool.clone());
+        async move { pools.members(&pool).await.unwrap().len() == 2 }
+    })
+    .await;
+    pools.delete_pool(&pool).await.unwrap();
+    db.drop_database().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_lease_expires_and_its_proxy_is_available_again() {
+    let pools = ProxyPools::connect(&redis_url()).await.unwrap();
+    let pool = pool_name("leases");
+    let ttl = Duration::from_millis(300);
+    pools.admit(&pool, "http://a.example:1").await.unwrap();
+    // One lease at a time per member.
+    let (proxy, abandoned) = pools.acquire(&pool, ttl, Some(1)).await.unwrap().unwrap();
+    assert_eq!(proxy, "http://a.example:1");
+    assert_eq!(
+        pools.acquire(&pool, ttl, Some(1)).await.unwrap(),
+        None,
+        "its only member is busy"
+    );
+    assert_eq!(
+        pools.in_flight(&pool).await.unwrap(),
+        vec![("http://a.example:1".to_string(), 1)]
+    );
+    // Its holder died: nobody releases it. After the lease's time it
+    // expires and the proxy is handed out again.
+    tokio::time::sleep(ttl + Duration::from_millis(100)).await;
+    let (proxy, lease) = pools.acquire(&pool, ttl, Some(1)).await.unwrap().unwrap();
+    assert_eq!(proxy, "http://a.example:1");
+    assert!(
+        !pools.release(&pool, &abandoned).await.unwrap(),
+        "an expired lease cannot be released (it ended)"
+    );
+    assert!(pools.release(&pool, &lease).await.unwrap());
+    assert!(!pools.release(&pool, &lease).await.unwrap(), "only once");
+    assert!(pools.in_flight(&pool).await.unwrap().is_empty());
+    // Allocation counts are apart from work in flight: two leases, two
+    // allocations, none in flight now.
+    assert_eq!(pools.members(&pool).await.unwrap()[0].1, 2.0);
+    pools.delete_pool(&pool).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_go_to_the_least_concurrent_member_then_the_least_used() {
+    let pools = ProxyPools::connect(&redis_url()).await.unwrap();
+    let pool = pool_name("concurrent");
+    let ttl = Duration::from_secs(30);
+    let (a, b, c) = (
+        "http://a.example:1",
+        "http://b.example:1",
+        "http://c.example:1",
+    );
+    for member in [a, b, c] {
+        pools.admit(&pool, member).await.unwrap();
+    }
+    let mut order = Vec::new();
+    for _ in 0..6 {
+        let (proxy, lease) = pools.acquire(&pool, ttl, None).await.unwrap().unwrap();
+        assert!(pools.release(&pool, &lease).await.unwrap());
+        order.push(proxy);
+    }
+    assert_eq!(
+        order,
+        vec![a, b, c, a, b, c],
+        "nothing in flight: ties go to the least used, then by name"
+    );
+    // a is held (a slow request): the others are handed out, even past
+    // a's count.
+    let (proxy, slow) = pools.acquire(&pool, ttl, None).await.unwrap().unwrap();
+    assert_eq!(proxy, a);
+    for _ in 0..6 {
+        let (proxy, lease) = pools.acquire(&pool, ttl, None).await.unwrap().unwrap();
+        assert_ne!(proxy, a, "a has work in flight");
+        pools.release(&pool, &lease).await.unwrap();
+    }
+    let counts: BTreeMap<String, f64> = pools.members(&pool).await.unwrap().into_iter().collect();
+    assert_eq!((counts[a], counts[b], counts[c]), (3.0, 5.0, 5.0));
+    // The least-used allocation reads counts, never leases: a it is.
+    assert_eq!(pools.allocate(&pool).await.unwrap().as_deref(), Some(a));
+    assert_eq!(
+        pools.in_flight(&pool).await.unwrap(),
+        vec![(a.to_string(), 1)]
+    );
+    pools.release(&pool, &slow).await.unwrap();
+    let (proxy, _) = pools.acquire(&pool, ttl, None).await.unwrap().unwrap();
+    assert_eq!(proxy, a, "free again and the least used");
+    pools.delete_pool(&pool).await.unwrap();
+}
+
+/// A Redis server of its own on a loopback port, for tests that stop it.
+pub struct PrivateRedis {
+    child: std::process::Child,
+    pub port: u16,
+}
+
+impl PrivateRedis {
+    pub fn start_on(port: u16) -> PrivateRedis {
+        let child = std::process::Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args(["--port", &port.to_string()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server runs");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "redis-server did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        PrivateRedis { child, port }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for PrivateRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

@@ -45,8 +45,8 @@ enum Command {
     },
     /// Run some roles only (several processes may run the same roles).
     Serve {
-        /// Comma-separated: ingest, awards, notify (api and prefilter arrive
-        /// with their issues).
+        /// Comma-separated: ingest, awards, notify, proxies (api and
+        /// prefilter arrive with their issues).
         #[arg(long, value_delimiter = ',', required = true)]
         roles: Vec<String>,
     },
@@ -68,8 +68,7 @@ enum Command {
         #[command(subcommand)]
         command: SourcesCommand,
     },
-    /// Proxy pools in Redis (eligibility checks and candidate lists
-    /// arrive with the rest of the proxy issue).
+    /// Proxy pools: settings, candidates, eligibility, allocation.
     Proxies {
         #[command(subcommand)]
         command: ProxiesCommand,

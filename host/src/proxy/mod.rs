@@ -377,6 +377,28 @@ impl ProxyPools {
             .map_err(|e| self.failed(pool, e))
     }
 
+    /// Runs one of the lease scripts on `pool`'s keys with `args`.
+    async fn lease_script<T: redis::FromRedisValue>(
+        &self,
+        script: &Script,
+        pool: &str,
+        args: &[String],
+    ) -> Result<T, ProxyError> {
+        check_pool(pool)?;
+        let mut connection = self.connection.clone();
+        let mut invocation = script.prepare_invoke();
+        for key in lease_keys(pool) {
+            invocation.key(key);
+        }
+        for arg in args {
+            invocation.arg(arg);
+        }
+        invocation
+            .invoke_async(&mut connection)
+            .await
+            .map_err(|e| self.failed(pool, e))
+    }
+
     /// Takes a lease on the least-concurrent member (see the module
     /// docs); `None` when no eligible member is below `max_in_flight`.
     pub async fn acquire(
@@ -385,18 +407,12 @@ impl ProxyPools {
         ttl: Duration,
         max_in_flight: Option<u32>,
     ) -> Result<Option<(String, Lease)>, ProxyError> {
-        check_pool(pool)?;
-        let mut connection = self.connection.clone();
-        let mut invocation = self.acquire.prepare_invoke();
-        for key in lease_keys(pool) {
-            invocation.key(key);
-        }
-        let taken: Option<(String, String, String)> = invocation
-            .arg(ttl.as_millis().max(1) as u64)
-            .arg(max_in_flight.unwrap_or(0))
-            .invoke_async(&mut connection)
-            .await
-            .map_err(|e| self.failed(pool, e))?;
+        let args = [
+            ttl.as_millis().max(1).to_string(),
+            max_in_flight.unwrap_or(0).to_string(),
+        ];
+        let taken: Option<(String, String, String)> =
+            self.lease_script(&self.acquire, pool, &args).await?;
         Ok(taken.map(|(proxy, id, expires)| {
             (
                 proxy,
@@ -411,32 +427,15 @@ impl ProxyPools {
     /// Ends a lease; false if it had already ended (expired, or released
     /// before).
     pub async fn release(&self, pool: &str, lease: &Lease) -> Result<bool, ProxyError> {
-        check_pool(pool)?;
-        let mut connection = self.connection.clone();
-        let mut invocation = self.release.prepare_invoke();
-        for key in lease_keys(pool) {
-            invocation.key(key);
-        }
-        let ended: i64 = invocation
-            .arg(&lease.id)
-            .invoke_async(&mut connection)
-            .await
-            .map_err(|e| self.failed(pool, e))?;
+        let ended: i64 = self
+            .lease_script(&self.release, pool, std::slice::from_ref(&lease.id))
+            .await?;
         Ok(ended == 1)
     }
 
     /// Unexpired leases per member (members without any are left out).
     pub async fn in_flight(&self, pool: &str) -> Result<Vec<(String, u32)>, ProxyError> {
-        check_pool(pool)?;
-        let mut connection = self.connection.clone();
-        let mut invocation = self.in_flight.prepare_invoke();
-        for key in lease_keys(pool) {
-            invocation.key(key);
-        }
-        let mut counts: Vec<(String, u32)> = invocation
-            .invoke_async(&mut connection)
-            .await
-            .map_err(|e| self.failed(pool, e))?;
+        let mut counts: Vec<(String, u32)> = self.lease_script(&self.in_flight, pool, &[]).await?;
         counts.sort();
         Ok(counts)
     }

@@ -138,6 +138,28 @@ impl AwardPlan {
     }
 }
 
+/// An award's progress for a user who has no counters for it yet (what
+/// an app shows before the user starts): the award's strategy evaluated on
+/// empty objectives. Synchronous CPU work: call it from a blocking thread.
+pub fn progress_at_zero(
+    definition: &AwardDefinition,
+    registry: &Arc<Registry>,
+) -> Result<Progress, String> {
+    let mut plan = AwardPlan::new(definition, 0, registry);
+    let empty: Vec<ObjectiveState> = plan
+        .objectives
+        .iter()
+        .map(|(id, _)| ObjectiveState {
+            objective_id: id.clone(),
+            value: 0.0,
+            counters: Vec::new(),
+        })
+        .collect();
+    plan.evaluate(&[empty])
+        .pop()
+        .unwrap_or_else(|| Err("the strategy gave no answer".into()))
+}
+
 /// What the new progress means for completion: the state to store and the
 /// transition to record, if any.
 pub fn decide(

@@ -3,10 +3,11 @@
 
 use std::time::Duration;
 
-use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{DefaultProducerContext, FutureProducer, FutureRecord};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, warn};
 
@@ -118,4 +119,77 @@ pub async fn publish(
         }
         Err((error, _)) => Err(anyhow::anyhow!("failed to publish to {topic}: {error}")),
     }
+}
+
+/// Answers if the brokers do: fetches the cluster's metadata within
+/// `timeout`; returns how many brokers it lists.
+pub async fn check_brokers(brokers: &str, timeout: Duration) -> Result<usize, String> {
+    let brokers = brokers.to_string();
+    tokio::task::spawn_blocking(move || {
+        let consumer: BaseConsumer = client_config(&brokers)
+            .create()
+            .map_err(|e| format!("Kafka client for {brokers}: {e}"))?;
+        let metadata = consumer
+            .fetch_metadata(None, timeout)
+            .map_err(|e| format!("Kafka at {brokers}: {e}"))?;
+        Ok(metadata.brokers().len())
+    })
+    .await
+    .map_err(|e| format!("Kafka check failed: {e}"))?
+}
+
+/// How far a consumer group is behind on `topic`: the sum over its
+/// partitions of the high watermark minus the group's committed offset
+/// (the low watermark where the group has committed nothing).
+pub async fn consumer_lag(brokers: &str, group: &str, topic: &str) -> Result<i64, String> {
+    const TIMEOUT: Duration = Duration::from_secs(3);
+    let (brokers, group, topic) = (brokers.to_string(), group.to_string(), topic.to_string());
+    tokio::task::spawn_blocking(move || {
+        let consumer: BaseConsumer = client_config(&brokers)
+            .set("group.id", &group)
+            .set("enable.auto.commit", "false")
+            .create()
+            .map_err(|e| format!("Kafka client for {brokers}: {e}"))?;
+        let metadata = consumer
+            .fetch_metadata(Some(&topic), TIMEOUT)
+            .map_err(|e| format!("metadata of {topic}: {e}"))?;
+        let partitions: Vec<i32> = metadata
+            .topics()
+            .iter()
+            .filter(|t| t.name() == topic && t.error().is_none())
+            .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+            .collect();
+        if partitions.is_empty() {
+            return Err(format!("topic {topic} does not exist"));
+        }
+        let mut wanted = TopicPartitionList::new();
+        for partition in &partitions {
+            wanted.add_partition(&topic, *partition);
+        }
+        let lag = {
+            // Dropped before the consumer: a list from `committed_offsets`
+            // outliving it makes the consumer's drop hang.
+            let committed = consumer
+                .committed_offsets(wanted, TIMEOUT)
+                .map_err(|e| format!("committed offsets of group {group}: {e}"))?;
+            let mut lag = 0i64;
+            for partition in &partitions {
+                let (low, high) = consumer
+                    .fetch_watermarks(&topic, *partition, TIMEOUT)
+                    .map_err(|e| format!("watermarks of {topic}/{partition}: {e}"))?;
+                let at = match committed
+                    .find_partition(&topic, *partition)
+                    .map(|p| p.offset())
+                {
+                    Some(Offset::Offset(offset)) => offset,
+                    _ => low,
+                };
+                lag += (high - at).max(0);
+            }
+            lag
+        };
+        Ok(lag)
+    })
+    .await
+    .map_err(|e| format!("lag check failed: {e}"))?
 }

@@ -348,6 +348,16 @@ impl ProxyPools {
             .map_err(|e| self.failed(pool, e))
     }
 
+    /// Answers if Redis does (health checks).
+    pub async fn ping(&self) -> Result<(), ProxyError> {
+        let mut connection = self.connection.clone();
+        redis::cmd("PING")
+            .query_async::<String>(&mut connection)
+            .await
+            .map(|_| ())
+            .map_err(|e| self.failed("*", e))
+    }
+
     /// Every allocation count the pool has: its eligible members' and the
     /// kept counts of those out of the set.
     pub async fn counts(&self, pool: &str) -> Result<Vec<(String, f64)>, ProxyError> {

@@ -9,7 +9,9 @@ mod counters;
 mod functions;
 mod migrations;
 mod notifications;
+mod pool;
 mod proxies;
+mod users;
 
 pub use achievements::{
     AchieveState, AchieveUpdate, Backfill, ChangedAward, ClaimedChanges, CycleReport,
@@ -20,7 +22,9 @@ pub use counters::{Applied, Counters, Effect, LogEntry, Outcome};
 pub use functions::{FunctionRow, FunctionVersion, PushOutcome};
 pub use migrations::MIGRATIONS;
 pub use notifications::{Delivery, NotificationRow, Webhook};
+pub use pool::{PoolError, PooledStore, StorePool};
 pub use proxies::{CandidateRow, ProxyPoolRow};
+pub use users::LogRow;
 
 use std::time::Duration;
 

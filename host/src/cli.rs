@@ -45,8 +45,8 @@ enum Command {
     },
     /// Run some roles only (several processes may run the same roles).
     Serve {
-        /// Comma-separated: ingest, awards, notify, proxies (api and
-        /// prefilter arrive with their issues).
+        /// Comma-separated: ingest, awards, notify, proxies, api (prefilter
+        /// arrives with its issue).
         #[arg(long, value_delimiter = ',', required = true)]
         roles: Vec<String>,
     },
@@ -718,6 +718,11 @@ pub async fn up(
     demo: bool,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
+    let mut settings = settings.clone();
+    if demo {
+        demo_secrets(&mut settings);
+    }
+    let settings = &settings;
     let runtime = sandbox(settings)?;
     prepare(settings, &runtime).await?;
     let registry = Registry::start(&settings.database_url, runtime).await?;
@@ -757,8 +762,36 @@ pub async fn up(
             }
         });
     }
-    let roles = ["ingest", "awards", "notify", "proxies"].map(String::from);
+    let roles = ["ingest", "awards", "notify", "proxies", "api"].map(String::from);
     run_roles(settings, &brokers, &roles, registry, shutdown).await
+}
+
+/// For the demo, an admin token and a JWT secret when none is set, printed
+/// with requests to try.
+fn demo_secrets(settings: &mut Settings) {
+    let base = format!("http://{}", settings.http_addr);
+    println!("Demo: try the HTTP API:");
+    // A secret the operator set is never printed.
+    let admin = match &settings.admin_token {
+        Some(_) => "$LAUREL_ADMIN_TOKEN".to_string(),
+        None => {
+            let made = crate::api::random_secret();
+            let shown = made.reveal().to_string();
+            settings.admin_token = Some(made);
+            shown
+        }
+    };
+    let user = match &settings.jwt_secret {
+        Some(_) => "<a token for u-42 signed with LAUREL_JWT_SECRET>".to_string(),
+        None => {
+            let made = crate::api::random_secret();
+            let token = crate::api::mint_user_token(&made, "u-42", Duration::from_secs(24 * 3600));
+            settings.jwt_secret = Some(made);
+            token
+        }
+    };
+    println!("  curl -H 'Authorization: Bearer {user}' {base}/v1/users/u-42/awards");
+    println!("  curl -H 'Authorization: Bearer {admin}' {base}/admin/v1/users/u-42/log");
 }
 
 /// Creates `events.<source>` and its dead-letter topic on the local broker
@@ -779,7 +812,7 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
     const KNOWN: &[&str] = &["ingest", "awards", "notify", "proxies", "api", "prefilter"];
-    const BUILT: &[&str] = &["ingest", "awards", "notify", "proxies"];
+    const BUILT: &[&str] = &["ingest", "awards", "notify", "proxies", "api"];
     for role in roles {
         anyhow::ensure!(
             KNOWN.contains(&role.as_str()),
@@ -880,6 +913,33 @@ async fn run_roles(
                 crate::proxy::candidates::run(&settings.database_url, &settings.redis_url, stopped)
                     .await;
             ("proxies", result)
+        }));
+    }
+    if roles.contains("api") {
+        let listener = tokio::net::TcpListener::bind(settings.http_addr)
+            .await
+            .with_context(|| {
+                format!(
+                    "failed to listen on {} (LAUREL_HTTP_ADDR)",
+                    settings.http_addr
+                )
+            })?;
+        let addr = listener.local_addr()?;
+        println!("HTTP API at http://{addr} (admin API under /admin/v1, OpenAPI at /openapi.json)");
+        if settings.admin_token.is_none() {
+            println!("  the admin API refuses every request: LAUREL_ADMIN_TOKEN is not set");
+        }
+        if settings.jwt_secret.is_none() {
+            println!("  the public API refuses every request: LAUREL_JWT_SECRET is not set");
+        }
+        let state = Arc::new(crate::api::AppState::new(
+            settings.api(Some(brokers)),
+            registry.clone(),
+            catalog.clone(),
+        ));
+        let stopped = until_stopped(stopped.clone());
+        running.push(Box::pin(async move {
+            ("api", crate::api::run(listener, state, stopped).await)
         }));
     }
     tokio::pin!(shutdown);

@@ -1,6 +1,7 @@
 //! Laurel: an achievements engine whose award logic ships as sandboxed
 //! WebAssembly. See ARCHITECTURE.md for the map.
 
+pub mod api;
 pub mod awards;
 pub mod catalog;
 pub mod cli;

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::Args;
 
+use crate::api::{ApiSettings, Secret};
 use crate::awards::AwardsSettings;
 use crate::ingest::IngestSettings;
 use crate::notify::NotifySettings;
@@ -158,6 +159,38 @@ pub struct Settings {
     )]
     pub webhook_backoff_cap_ms: u64,
 
+    /// Where the HTTP server (public API, admin API, health) listens; port 0
+    /// picks a free port (printed at start).
+    #[arg(
+        long,
+        global = true,
+        env = "LAUREL_HTTP_ADDR",
+        default_value = "127.0.0.1:8080"
+    )]
+    pub http_addr: std::net::SocketAddr,
+
+    /// Bearer token for `/admin/*`; unset, the admin API refuses everything.
+    #[arg(
+        long,
+        global = true,
+        env = "LAUREL_ADMIN_TOKEN",
+        hide_env_values = true
+    )]
+    pub admin_token: Option<Secret>,
+
+    /// HS256 secret of user tokens; unset, the public API refuses everything.
+    #[arg(long, global = true, env = "LAUREL_JWT_SECRET", hide_env_values = true)]
+    pub jwt_secret: Option<Secret>,
+
+    /// Largest JSON or text request body, in bytes.
+    #[arg(
+        long,
+        global = true,
+        env = "LAUREL_HTTP_MAX_BODY_BYTES",
+        default_value_t = 1 << 20
+    )]
+    pub http_max_body_bytes: usize,
+
     /// One webhook request's time limit, in milliseconds.
     #[arg(
         long,
@@ -187,6 +220,20 @@ impl Settings {
             max_event_bytes: self.max_event_bytes,
             session_timeout: Duration::from_millis(self.kafka_session_timeout_ms),
             ..IngestSettings::new(brokers)
+        }
+    }
+
+    /// API settings; `brokers` (if any) serve consumer lag and health.
+    pub fn api(&self, brokers: Option<&str>) -> ApiSettings {
+        ApiSettings {
+            addr: self.http_addr,
+            admin_token: self.admin_token.clone(),
+            jwt_secret: self.jwt_secret.clone(),
+            max_body_bytes: self.http_max_body_bytes.max(1),
+            max_function_bytes: self.function_max_mib << 20,
+            redis_url: self.redis_url.clone(),
+            kafka_brokers: brokers.filter(|b| !b.is_empty()).map(str::to_string),
+            ..ApiSettings::new(&self.database_url)
         }
     }
 

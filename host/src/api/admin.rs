@@ -1,0 +1,540 @@
+//! The admin API (`/admin/v1`): award definitions, functions, users'
+//! awards and processing logs, sources, proxy pools and webhooks.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::{Json, Router};
+use chrono::SecondsFormat;
+use serde_json::{Value, json};
+
+use super::progress::{Audience, user_awards};
+use super::{ApiError, AppState, auth, body, json_body, number};
+use crate::definitions::{self, ApplyError, DefinitionError, PushError};
+use crate::runtime::FunctionKind;
+use crate::store::{PushOutcome, Webhook};
+
+pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
+    let function_limit = state.settings.max_function_bytes;
+    let body_limit = state.settings.max_body_bytes;
+    Router::new()
+        .route("/awards", get(list_awards))
+        .route(
+            "/awards/{id}",
+            get(get_award).put(put_award).delete(delete_award),
+        )
+        .route("/functions", get(list_functions))
+        .route(
+            "/functions/{name}",
+            put(put_function).layer(DefaultBodyLimit::max(function_limit)),
+        )
+        .route("/users/{user_id}/awards", get(get_user_awards))
+        .route("/users/{user_id}/log", get(get_user_log))
+        .route("/sources", get(list_sources))
+        .route("/sources/{name}/pause", post(pause_source))
+        .route("/sources/{name}/resume", post(resume_source))
+        .route("/proxy-pools/{pool}", get(get_pool))
+        .route("/proxy-pools/{pool}/candidates", put(put_candidates))
+        .route("/proxy-pools/{pool}/allocate", post(allocate))
+        .route("/webhooks", get(list_webhooks))
+        .route(
+            "/webhooks/{name}",
+            get(get_webhook).put(put_webhook).delete(delete_webhook),
+        )
+        .fallback(super::no_route)
+        .layer(DefaultBodyLimit::max(body_limit))
+        // Everything under /admin/v1, routes or not, needs the token.
+        .layer(middleware::from_fn_with_state(state, admin_only))
+}
+
+async fn admin_only(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    request: Request,
+    next: Next,
+) -> Response {
+    match auth::admin(&headers, state.settings.admin_token.as_ref()) {
+        Ok(()) => next.run(request).await,
+        Err(error) => error.into_response(),
+    }
+}
+
+fn time(t: chrono::DateTime<chrono::Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+// --- awards -------------------------------------------------------------
+
+fn award_json(row: &crate::store::AwardRow) -> Value {
+    json!({
+        "id": row.id,
+        "version": row.version,
+        "enabled": row.enabled,
+        "updated_at": time(row.updated_at),
+        "definition": row.definition,
+    })
+}
+
+async fn list_awards(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
+    let rows = state.store().await?.awards().await?;
+    Ok(Json(
+        json!({"awards": rows.iter().map(award_json).collect::<Vec<_>>()}),
+    ))
+}
+
+async fn get_award(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let rows = state.store().await?.awards().await?;
+    rows.iter()
+        .find(|r| r.id == id)
+        .map(|r| Json(award_json(r)))
+        .ok_or_else(|| ApiError::NotFound(format!("no award named {id}")))
+}
+
+fn problem_json(problem: &DefinitionError) -> Value {
+    json!({
+        "award": problem.award,
+        "objective": problem.objective,
+        "function": problem.function,
+        "reason": problem.reason,
+        "message": problem.to_string(),
+    })
+}
+
+async fn put_award(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let mut definition = json_body(raw, state.settings.max_body_bytes)?;
+    let Some(object) = definition.as_object_mut() else {
+        return Err(ApiError::unprocessable(format!(
+            "award {id}: the body must be one award definition (a JSON object)"
+        )));
+    };
+    match object.get("id") {
+        None => {
+            object.insert("id".into(), Value::String(id.clone()));
+        }
+        Some(Value::String(body_id)) if *body_id == id => {}
+        Some(other) => {
+            return Err(ApiError::unprocessable(format!(
+                "award {id}: the body's id {other} differs from the id in the path"
+            )));
+        }
+    }
+    let mut store = state.store().await?;
+    let applied = definitions::apply(&mut store, &state.registry, &definition.to_string())
+        .await
+        .map_err(|error| match error {
+            ApplyError::Invalid(invalid) => ApiError::Unprocessable {
+                message: invalid.to_string(),
+                problems: invalid.0.iter().map(problem_json).collect(),
+            },
+            ApplyError::Store(error) => error.into(),
+        })?;
+    // This process answers with the new definition at once; the others
+    // follow the notification.
+    state.catalog.reload(&store).await?;
+    let version = applied
+        .iter()
+        .find(|(applied_id, _)| *applied_id == id)
+        .map(|(_, v)| *v);
+    Ok(Json(json!({"id": id, "version": version})))
+}
+
+async fn delete_award(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    let mut store = state.store().await?;
+    if !store.delete_award(&id).await? {
+        return Err(ApiError::NotFound(format!("no award named {id}")));
+    }
+    state.catalog.reload(&store).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+// --- functions ----------------------------------------------------------
+
+async fn list_functions(
+    State(state): State<Arc<AppState>>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Result<Json<Value>, ApiError> {
+    let all = flag(&query, "all")?;
+    let store = state.store().await?;
+    let rows = if all {
+        store.all_function_versions().await?
+    } else {
+        store.current_functions().await?
+    };
+    let functions: Vec<Value> = rows
+        .iter()
+        .map(|r| {
+            json!({
+                "name": r.name,
+                "kind": r.kind,
+                "version": r.version,
+                "sha256": r.sha256,
+                "size": r.size,
+                "builtin": r.builtin,
+                "created_at": time(r.created_at),
+                "quarantined": r.quarantine_reason,
+            })
+        })
+        .collect();
+    Ok(Json(json!({"functions": functions})))
+}
+
+fn flag(query: &HashMap<String, String>, name: &str) -> Result<bool, ApiError> {
+    match query.get(name).map(String::as_str) {
+        None | Some("false") | Some("0") => Ok(false),
+        Some("") | Some("true") | Some("1") => Ok(true),
+        Some(other) => Err(ApiError::BadRequest(format!(
+            "query parameter {name} must be true or false, not {other:?}"
+        ))),
+    }
+}
+
+async fn put_function(
+    State(state): State<Arc<AppState>>,
+    Path(name): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if content_type.split(';').next().map(str::trim) != Some("application/wasm") {
+        return Err(ApiError::UnsupportedMediaType(format!(
+            "a function is uploaded as Content-Type: application/wasm (got {:?})",
+            content_type
+        )));
+    }
+    let bytes = body(raw, state.settings.max_function_bytes)?;
+    let kind = match query.get("kind").map(String::as_str) {
+        None => None,
+        Some("filter") => Some(FunctionKind::Filter),
+        Some("rule") => Some(FunctionKind::Rule),
+        Some("strategy") => Some(FunctionKind::Strategy),
+        Some(other) => {
+            return Err(ApiError::BadRequest(format!(
+                "query parameter kind must be filter, rule or strategy, not {other:?}"
+            )));
+        }
+    };
+    let force = flag(&query, "force")?;
+    let mut store = state.store().await?;
+    let runtime = state.registry.runtime();
+    let (kind, outcome) =
+        definitions::push_function(&mut store, runtime, &name, &bytes, kind, force)
+            .await
+            .map_err(|error| push_error(&name, error))?;
+    let (status, version, created) = match outcome {
+        PushOutcome::Created { version } => (StatusCode::CREATED, version, true),
+        PushOutcome::Unchanged { version } => (StatusCode::OK, version, false),
+    };
+    Ok((
+        status,
+        Json(
+            json!({"name": name, "kind": kind.to_string(), "version": version, "created": created}),
+        ),
+    )
+        .into_response())
+}
+
+fn push_error(name: &str, error: PushError) -> ApiError {
+    use crate::registry::RegistryError;
+    match error {
+        PushError::BreaksAwards { ref problems, .. } => ApiError::Unprocessable {
+            message: error.to_string().replace("--force", "?force=true"),
+            problems: problems.iter().map(problem_json).collect(),
+        },
+        PushError::Registry(RegistryError::Store(error)) => error.into(),
+        PushError::Registry(error) => ApiError::unprocessable(format!("function {name}: {error}")),
+    }
+}
+
+// --- users --------------------------------------------------------------
+
+async fn get_user_awards(
+    State(state): State<Arc<AppState>>,
+    Path(user_id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    Ok(Json(user_awards(&state, &user_id, Audience::Admin).await?))
+}
+
+const LOG_PAGE: i64 = 50;
+const LOG_PAGE_MAX: i64 = 1000;
+
+async fn get_user_log(
+    State(state): State<Arc<AppState>>,
+    Path(user_id): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Result<Json<Value>, ApiError> {
+    let number_param = |name: &str| -> Result<Option<i64>, ApiError> {
+        query
+            .get(name)
+            .map(|v| {
+                v.parse::<i64>().ok().filter(|n| *n > 0).ok_or_else(|| {
+                    ApiError::BadRequest(format!(
+                        "query parameter {name} must be a positive whole number, not {v:?}"
+                    ))
+                })
+            })
+            .transpose()
+    };
+    let limit = number_param("limit")?.unwrap_or(LOG_PAGE).min(LOG_PAGE_MAX);
+    let before = number_param("before")?;
+    let rows = state
+        .store()
+        .await?
+        .user_log(&user_id, before, limit)
+        .await?;
+    let next = (rows.len() as i64 == limit)
+        .then(|| rows.last().map(|r| r.id))
+        .flatten();
+    let entries: Vec<Value> = rows
+        .iter()
+        .map(|r| {
+            json!({
+                "id": r.id,
+                "logged_at": time(r.logged_at),
+                "source": r.source,
+                "event_id": r.event_id,
+                "award_id": r.award_id,
+                "objective_id": r.objective_id,
+                "outcome": r.outcome,
+                "reason": r.reason,
+                "deltas": r.deltas,
+                "functions": r.functions,
+            })
+        })
+        .collect();
+    Ok(Json(
+        json!({"user_id": user_id, "entries": entries, "next_before": next}),
+    ))
+}
+
+// --- sources ------------------------------------------------------------
+
+async fn list_sources(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
+    let sources = state.store().await?.sources().await?;
+    let mut listed = Vec::with_capacity(sources.len());
+    for source in sources {
+        let mut entry = json!({
+            "name": source.name,
+            "topic": source.topic,
+            "paused": source.paused,
+            "state": if source.paused { "paused" } else { "running" },
+            "lag": null,
+        });
+        match &state.settings.kafka_brokers {
+            Some(brokers) => {
+                let group = format!("{}.{}", state.settings.group_prefix, source.name);
+                match crate::ingest::consumer_lag(brokers, &group, &source.topic).await {
+                    Ok(lag) => entry["lag"] = json!(lag),
+                    Err(error) => entry["lag_error"] = json!(error),
+                }
+            }
+            None => entry["lag_error"] = json!("this process has no Kafka brokers configured"),
+        }
+        listed.push(entry);
+    }
+    Ok(Json(json!({"sources": listed})))
+}
+
+async fn pause_source(
+    state: State<Arc<AppState>>,
+    name: Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    set_paused(state, name, true).await
+}
+
+async fn resume_source(
+    state: State<Arc<AppState>>,
+    name: Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    set_paused(state, name, false).await
+}
+
+async fn set_paused(
+    State(state): State<Arc<AppState>>,
+    Path(name): Path<String>,
+    paused: bool,
+) -> Result<Json<Value>, ApiError> {
+    if !state
+        .store()
+        .await?
+        .set_source_paused(&name, paused)
+        .await?
+    {
+        return Err(ApiError::NotFound(format!("no source named {name}")));
+    }
+    Ok(Json(json!({"name": name, "paused": paused})))
+}
+
+// --- proxy pools --------------------------------------------------------
+
+async fn get_pool(
+    State(state): State<Arc<AppState>>,
+    Path(pool): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let store = state.store().await?;
+    let status =
+        crate::proxy::candidates::pool_status(&store, state.proxies().await?, &pool).await?;
+    if status.config.is_none() && status.members.is_empty() {
+        return Err(ApiError::NotFound(format!(
+            "no proxy pool named {pool} (configure it with laurel proxies pool set {pool} --check-url URL)"
+        )));
+    }
+    let members: Vec<Value> = status
+        .members
+        .iter()
+        .map(|m| {
+            json!({
+                "proxy": m.proxy,
+                "eligible": m.eligible,
+                "reason": m.reason,
+                "allocations": number(m.allocations),
+                "in_flight": m.in_flight,
+                "latency_ms": m.latency_ms,
+                "checked_at": m.checked_at.map(time),
+            })
+        })
+        .collect();
+    let config = status.config.as_ref().map(|c| {
+        json!({
+            "policy": c.policy,
+            "check_url": c.check_url,
+            "timeout_ms": c.timeout.as_millis() as u64,
+            "schemes": c.schemes,
+            "max_latency_ms": c.max_latency.as_millis() as u64,
+            "deny": c.deny,
+            "recheck_every_s": c.recheck_every.as_secs(),
+            "lease_ttl_ms": c.lease_ttl.as_millis() as u64,
+            "max_in_flight": c.max_in_flight,
+        })
+    });
+    Ok(Json(json!({
+        "pool": pool,
+        "configured": config.is_some(),
+        "config": config,
+        "eligible": status.members.iter().filter(|m| m.eligible).count(),
+        "members": members,
+    })))
+}
+
+async fn put_candidates(
+    State(state): State<Arc<AppState>>,
+    Path(pool): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let bytes = body(raw, state.settings.max_body_bytes)?;
+    let list = std::str::from_utf8(&bytes).map_err(|_| {
+        ApiError::BadRequest(
+            "the candidate list must be UTF-8 text, one scheme://host:port a line".into(),
+        )
+    })?;
+    let replace = flag(&query, "replace")?;
+    let store = state.store().await?;
+    let report =
+        crate::proxy::candidates::import(&store, state.proxies().await?, &pool, list, replace)
+            .await?;
+    Ok(Json(json!({
+        "pool": pool,
+        "admitted": report.admitted.iter().map(|(proxy, latency, start)| json!({
+            "proxy": proxy, "latency_ms": latency.as_millis() as u64, "allocations": number(*start)
+        })).collect::<Vec<_>>(),
+        "refused": report.refused.iter().map(|(proxy, reason)| json!({"proxy": proxy, "reason": reason})).collect::<Vec<_>>(),
+        "dropped": report.dropped,
+        "junk": report.junk.iter().map(|j| json!({"line": j.line, "text": j.text, "reason": j.reason})).collect::<Vec<_>>(),
+    })))
+}
+
+async fn allocate(
+    State(state): State<Arc<AppState>>,
+    Path(pool): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    match state.proxies().await?.allocate(&pool).await? {
+        Some(proxy) => Ok(Json(json!({"proxy": proxy}))),
+        None => Err(ApiError::Conflict(format!(
+            "proxy pool {pool} has no eligible member"
+        ))),
+    }
+}
+
+// --- webhooks -----------------------------------------------------------
+
+fn webhook_json(w: &Webhook) -> Value {
+    json!({"name": w.name, "url": w.url, "events": w.events, "proxy_pool": w.proxy_pool})
+}
+
+async fn list_webhooks(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
+    let hooks = state.store().await?.webhooks().await?;
+    Ok(Json(
+        json!({"webhooks": hooks.iter().map(webhook_json).collect::<Vec<_>>()}),
+    ))
+}
+
+async fn get_webhook(
+    State(state): State<Arc<AppState>>,
+    Path(name): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let hooks = state.store().await?.webhooks().await?;
+    hooks
+        .iter()
+        .find(|w| w.name == name)
+        .map(|w| Json(webhook_json(w)))
+        .ok_or_else(|| ApiError::NotFound(format!("no webhook named {name}")))
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WebhookBody {
+    url: String,
+    #[serde(default)]
+    events: Option<Vec<String>>,
+    #[serde(default)]
+    proxy_pool: Option<String>,
+}
+
+async fn put_webhook(
+    State(state): State<Arc<AppState>>,
+    Path(name): Path<String>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let value = json_body(raw, state.settings.max_body_bytes)?;
+    let hook: WebhookBody = serde_json::from_value(value)
+        .map_err(|error| ApiError::unprocessable(format!("webhook {name}: {error}")))?;
+    let events = hook
+        .events
+        .unwrap_or_else(|| vec!["award.completed".to_string()]);
+    let webhook =
+        crate::notify::checked_webhook(&name, &hook.url, &events, hook.proxy_pool.as_deref())
+            .map_err(|reason| ApiError::unprocessable(format!("webhook {name}: {reason}")))?;
+    state.store().await?.set_webhook(&webhook).await?;
+    Ok(Json(webhook_json(&webhook)))
+}
+
+async fn delete_webhook(
+    State(state): State<Arc<AppState>>,
+    Path(name): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    if !state.store().await?.delete_webhook(&name).await? {
+        return Err(ApiError::NotFound(format!("no webhook named {name}")));
+    }
+    Ok(StatusCode::NO_CONTENT)
+}

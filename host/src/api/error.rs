@@ -1,0 +1,134 @@
+//! The API's one error type, and the one place that maps errors to HTTP
+//! status codes and JSON bodies (`{"error": "..."}`, plus `problems` for a
+//! refused definition).
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+use tracing::error;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    Unauthorized(String),
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    MethodNotAllowed(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    PayloadTooLarge(String),
+    #[error("{0}")]
+    UnsupportedMediaType(String),
+    /// A well-formed request Laurel refuses (an invalid definition, a
+    /// component that does not load), with each problem.
+    #[error("{message}")]
+    Unprocessable {
+        message: String,
+        problems: Vec<Value>,
+    },
+    /// A backing service (PostgreSQL, Redis, Kafka) is not answering.
+    #[error("{0}")]
+    Unavailable(String),
+    #[error(transparent)]
+    Unexpected(#[from] anyhow::Error),
+}
+
+impl ApiError {
+    pub fn unprocessable(message: impl Into<String>) -> ApiError {
+        ApiError::Unprocessable {
+            message: message.into(),
+            problems: Vec::new(),
+        }
+    }
+
+    fn status(&self) -> StatusCode {
+        match self {
+            ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::Unprocessable { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Unexpected(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+}
+
+impl From<crate::store::StoreError> for ApiError {
+    fn from(error: crate::store::StoreError) -> Self {
+        use crate::store::StoreError;
+        match error {
+            StoreError::Connect { .. } => ApiError::Unavailable(error.to_string()),
+            StoreError::Query { ref source, .. } if source.is_closed() => {
+                ApiError::Unavailable(error.to_string())
+            }
+            other => ApiError::Unexpected(other.into()),
+        }
+    }
+}
+
+impl From<crate::store::PoolError> for ApiError {
+    fn from(error: crate::store::PoolError) -> Self {
+        match error {
+            crate::store::PoolError::Busy(_) => ApiError::Unavailable(error.to_string()),
+            crate::store::PoolError::Store(error) => error.into(),
+        }
+    }
+}
+
+impl From<crate::proxy::ProxyError> for ApiError {
+    fn from(error: crate::proxy::ProxyError) -> Self {
+        use crate::proxy::ProxyError;
+        match error {
+            ProxyError::InvalidPool(_) => ApiError::BadRequest(error.to_string()),
+            ProxyError::Redis { .. } | ProxyError::InvalidUrl { .. } => {
+                ApiError::Unavailable(error.to_string())
+            }
+        }
+    }
+}
+
+impl From<crate::proxy::PoolError> for ApiError {
+    fn from(error: crate::proxy::PoolError) -> Self {
+        use crate::proxy::PoolError;
+        match error {
+            PoolError::Unknown(_) => ApiError::NotFound(error.to_string()),
+            PoolError::Redis(error) => error.into(),
+            PoolError::Store(error) => error.into(),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        let body = match &self {
+            ApiError::Unexpected(error) => {
+                // The details are for the operator's log, not the caller.
+                error!(message = "Request failed.", error = %format!("{error:#}"));
+                json!({"error": "internal error (details are in Laurel's log)"})
+            }
+            ApiError::Unprocessable { message, problems } if !problems.is_empty() => {
+                json!({"error": message, "problems": problems})
+            }
+            other => json!({"error": other.to_string()}),
+        };
+        let mut response = (status, axum::Json(body)).into_response();
+        if status == StatusCode::UNAUTHORIZED {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}

@@ -1,0 +1,260 @@
+//! The HTTP surface: the public API (apps, with a user's JWT), the admin
+//! API (operators and support, with the admin token), health and the
+//! OpenAPI document, on one server (role `api`).
+//!
+//! **API Boundary:** handlers read and write through `store`,
+//! `definitions` and `proxy`; they hold no SQL and no Redis commands of
+//! their own. Errors map to status codes in one place (`error.rs`).
+
+mod admin;
+mod auth;
+mod error;
+mod progress;
+mod public;
+
+pub use auth::{Secret, mint_user_token, random_secret};
+pub use error::ApiError;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tracing::info;
+
+use crate::catalog::Catalog;
+use crate::proxy::ProxyPools;
+use crate::registry::Registry;
+use crate::store::{PooledStore, StorePool};
+
+/// The API's settings (see `Settings::api`).
+#[derive(Debug, Clone)]
+pub struct ApiSettings {
+    pub addr: SocketAddr,
+    pub admin_token: Option<Secret>,
+    pub jwt_secret: Option<Secret>,
+    /// Largest JSON or text request body.
+    pub max_body_bytes: usize,
+    /// Largest component upload.
+    pub max_function_bytes: usize,
+    pub database_url: String,
+    pub redis_url: String,
+    /// Kafka, for consumer lag and health; `None` when this process has
+    /// no brokers configured.
+    pub kafka_brokers: Option<String>,
+    /// Consumer groups are `<prefix>.<source>`.
+    pub group_prefix: String,
+    /// Connections to PostgreSQL the API may hold.
+    pub database_connections: usize,
+}
+
+impl ApiSettings {
+    pub fn new(database_url: &str) -> ApiSettings {
+        ApiSettings {
+            addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            admin_token: None,
+            jwt_secret: None,
+            max_body_bytes: 1 << 20,
+            max_function_bytes: 16 << 20,
+            database_url: database_url.to_string(),
+            redis_url: "redis://127.0.0.1:6379".to_string(),
+            kafka_brokers: None,
+            group_prefix: "laurel".to_string(),
+            database_connections: 8,
+        }
+    }
+}
+
+/// What every handler shares.
+pub struct AppState {
+    settings: ApiSettings,
+    pool: StorePool,
+    registry: Arc<Registry>,
+    catalog: Arc<Catalog>,
+    /// Connected at first use, so the API serves awards while Redis is
+    /// away (the manager reconnects by itself afterwards).
+    proxies: tokio::sync::OnceCell<ProxyPools>,
+    zero: progress::ZeroProgress,
+}
+
+impl AppState {
+    pub fn new(settings: ApiSettings, registry: Arc<Registry>, catalog: Arc<Catalog>) -> AppState {
+        AppState {
+            pool: StorePool::new(&settings.database_url, settings.database_connections),
+            settings,
+            registry,
+            catalog,
+            proxies: tokio::sync::OnceCell::new(),
+            zero: progress::ZeroProgress::default(),
+        }
+    }
+
+    async fn store(&self) -> Result<PooledStore<'_>, ApiError> {
+        Ok(self.pool.get().await?)
+    }
+
+    async fn proxies(&self) -> Result<&ProxyPools, ApiError> {
+        Ok(self
+            .proxies
+            .get_or_try_init(|| ProxyPools::connect(&self.settings.redis_url))
+            .await?)
+    }
+}
+
+/// Every route.
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .merge(public::routes())
+        .nest("/admin/v1", admin::routes(state.clone()))
+        .route("/healthz", get(healthz))
+        .route("/openapi.json", get(openapi))
+        .fallback(no_route)
+        .method_not_allowed_fallback(wrong_method)
+        .with_state(state)
+}
+
+/// Serves the API on `listener` until `shutdown` resolves; requests in
+/// flight finish first.
+pub async fn run(
+    listener: TcpListener,
+    state: Arc<AppState>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    info!(message = "HTTP API listening.", addr = %listener.local_addr()?);
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await?;
+    Ok(())
+}
+
+/// The OpenAPI document, as served at `/openapi.json`.
+pub const OPENAPI: &str = include_str!("openapi.json");
+
+async fn openapi() -> Response {
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        OPENAPI,
+    )
+        .into_response()
+}
+
+pub(super) async fn no_route(request: Request) -> ApiError {
+    ApiError::NotFound(format!(
+        "no route for {} {} (routes: /openapi.json)",
+        request.method(),
+        request.uri().path()
+    ))
+}
+
+async fn wrong_method(request: Request) -> ApiError {
+    ApiError::MethodNotAllowed(format!(
+        "{} is not allowed on {}",
+        request.method(),
+        request.uri().path()
+    ))
+}
+
+/// A health check's answer, or why it has none after `limit`.
+async fn within(
+    limit: Duration,
+    name: &str,
+    check: impl Future<Output = Result<(), String>>,
+) -> Result<(), String> {
+    match tokio::time::timeout(limit, check).await {
+        Ok(result) => result,
+        Err(_) => Err(format!("{name} did not answer within {limit:?}")),
+    }
+}
+
+/// PostgreSQL, Redis and Kafka, each with how it answered; 503 if any
+/// failed.
+async fn healthz(State(state): State<Arc<AppState>>) -> Response {
+    const LIMIT: Duration = Duration::from_secs(3);
+    let postgres = async {
+        let store = state.store().await.map_err(|e| e.to_string())?;
+        store.ping().await.map_err(|e| e.to_string())
+    };
+    let redis = async {
+        let pools = state.proxies().await.map_err(|e| e.to_string())?;
+        pools.ping().await.map_err(|e| e.to_string())
+    };
+    let kafka = async {
+        match &state.settings.kafka_brokers {
+            Some(brokers) => crate::ingest::check_brokers(brokers, LIMIT)
+                .await
+                .map(|_| ()),
+            None => Ok(()),
+        }
+    };
+    let (postgres, redis, kafka) = tokio::join!(
+        within(LIMIT, "PostgreSQL", postgres),
+        within(LIMIT, "Redis", redis),
+        within(LIMIT, "Kafka", kafka)
+    );
+    let kafka = if state.settings.kafka_brokers.is_none() {
+        None
+    } else {
+        Some(kafka)
+    };
+    let report = |r: &Result<(), String>| match r {
+        Ok(()) => json!({"ok": true}),
+        Err(error) => json!({"ok": false, "error": error}),
+    };
+    let healthy = postgres.is_ok() && redis.is_ok() && kafka.as_ref().is_none_or(Result::is_ok);
+    let mut checks = json!({"postgres": report(&postgres), "redis": report(&redis)});
+    if let Some(kafka) = &kafka {
+        checks["kafka"] = report(kafka);
+    }
+    let status = if healthy {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (
+        status,
+        axum::Json(json!({"status": if healthy { "ok" } else { "unavailable" }, "checks": checks})),
+    )
+        .into_response()
+}
+
+/// A JSON number that prints whole values without a fraction (`15`, not
+/// `15.0`), as the contract's examples do.
+pub(crate) fn number(value: f64) -> Value {
+    if value.fract() == 0.0 && value.abs() < 9.0e15 {
+        json!(value as i64)
+    } else {
+        json!(value)
+    }
+}
+
+/// A request body, or why it was refused (too large, unreadable).
+pub(crate) fn body(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, ApiError> {
+    body.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::PayloadTooLarge(format!(
+                "the request body is over the limit of {limit} bytes"
+            ))
+        } else {
+            ApiError::BadRequest(format!("the request body could not be read: {rejection}"))
+        }
+    })
+}
+
+/// A JSON request body, or a 400 saying where it is broken.
+pub(crate) fn json_body(
+    raw: Result<Bytes, BytesRejection>,
+    limit: usize,
+) -> Result<Value, ApiError> {
+    let bytes = body(raw, limit)?;
+    serde_json::from_slice(&bytes).map_err(|error| {
+        ApiError::BadRequest(format!("the request body is not valid JSON: {error}"))
+    })
+}

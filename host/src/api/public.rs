@@ -1,0 +1,25 @@
+//! The public API: apps read their user's awards with the user's token.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use axum::routing::get;
+use axum::{Json, Router};
+use serde_json::Value;
+
+use super::progress::{Audience, user_awards};
+use super::{ApiError, AppState, auth};
+
+pub fn routes() -> Router<Arc<AppState>> {
+    Router::new().route("/v1/users/{user_id}/awards", get(awards))
+}
+
+async fn awards(
+    State(state): State<Arc<AppState>>,
+    Path(user_id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Json<Value>, ApiError> {
+    auth::user(&headers, state.settings.jwt_secret.as_ref(), &user_id)?;
+    Ok(Json(user_awards(&state, &user_id, Audience::User).await?))
+}

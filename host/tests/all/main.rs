@@ -3,6 +3,7 @@
 //! (`LAUREL_TEST_DATABASE_URL`, default `postgres://postgres@127.0.0.1:5432`),
 //! with a fresh database per test.
 
+mod api;
 mod awards;
 mod cases;
 mod config_errors;

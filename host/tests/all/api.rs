@@ -1,0 +1,996 @@
+//! The HTTP surface on a real server (port 0) over a real PostgreSQL,
+//! Redis, Kafka (mock cluster) and components: every contract route's
+//! success and refusals, progress read back after Kafka events, and
+//! malformed requests answered with clear 4xx errors.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use laurel::api::{ApiSettings, AppState, Secret};
+use laurel::catalog::Catalog;
+use laurel::registry::Registry;
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+
+use crate::pipeline_support::{Pipeline, event};
+use crate::support::{self, TestDb};
+
+const ADMIN: &str = "admin-token-for-tests";
+const JWT_SECRET: &str = "jwt-secret-for-tests";
+
+/// A running API on a free port.
+pub struct Server {
+    pub base: String,
+    client: reqwest::Client,
+    stop: Option<oneshot::Sender<()>>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// A response: status and JSON body (`Value::Null` if it was not JSON).
+pub struct Answer {
+    pub status: u16,
+    pub body: Value,
+    pub content_type: String,
+}
+
+impl Server {
+    pub async fn start(
+        database_url: &str,
+        registry: Arc<Registry>,
+        brokers: Option<&str>,
+    ) -> Server {
+        let catalog = Catalog::start(database_url).await.unwrap();
+        let settings = ApiSettings {
+            admin_token: Some(Secret::new(ADMIN)),
+            jwt_secret: Some(Secret::new(JWT_SECRET)),
+            max_body_bytes: 64 << 10,
+            redis_url: crate::proxy::redis_url(),
+            kafka_brokers: brokers.map(str::to_string),
+            ..ApiSettings::new(database_url)
+        };
+        let state = Arc::new(AppState::new(settings, registry, catalog));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let (stop, stopped) = oneshot::channel::<()>();
+        tokio::spawn(laurel::api::run(listener, state, async {
+            let _ = stopped.await;
+        }));
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        Server {
+            base,
+            client: reqwest::Client::builder()
+                .timeout(Duration::from_secs(60))
+                .build()
+                .unwrap(),
+            stop: Some(stop),
+        }
+    }
+
+    pub async fn call(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        body: Option<(&str, Vec<u8>)>,
+    ) -> Answer {
+        let mut request = self.client.request(
+            reqwest::Method::from_bytes(method.as_bytes()).unwrap(),
+            format!("{}{path}", self.base),
+        );
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        if let Some((content_type, bytes)) = body {
+            request = request.header("content-type", content_type).body(bytes);
+        }
+        let response = request.send().await.unwrap();
+        let status = response.status().as_u16();
+        let content_type = response
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string();
+        let bytes = response.bytes().await.unwrap();
+        Answer {
+            status,
+            body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+            content_type,
+        }
+    }
+
+    pub async fn admin(&self, method: &str, path: &str, body: Option<Value>) -> Answer {
+        self.call(
+            method,
+            &format!("/admin/v1{path}"),
+            Some(ADMIN),
+            body.map(|b| ("application/json", b.to_string().into_bytes())),
+        )
+        .await
+    }
+
+    pub async fn get(&self, path: &str, token: Option<&str>) -> Answer {
+        self.call("GET", path, token, None).await
+    }
+}
+
+/// An HS256 token, as an app's login service would mint it.
+pub fn user_token(sub: &str, secret: &str, expires_in: i64) -> String {
+    let exp = chrono::Utc::now().timestamp() + expires_in;
+    jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+        &json!({"sub": sub, "exp": exp}),
+        &jsonwebtoken::EncodingKey::from_secret(secret.as_bytes()),
+    )
+    .unwrap()
+}
+
+fn error_text(answer: &Answer) -> &str {
+    answer.body["error"].as_str().unwrap_or_else(|| {
+        panic!(
+            "no JSON error in a {} answer: {}",
+            answer.status, answer.body
+        )
+    })
+}
+
+/// The contract's content-maker award and a second one nobody starts.
+const AWARDS: &str = r#"[{
+  "id": "content-maker", "title": "Content maker", "description": "Upload 5 photos or reviews and drive 10 km",
+  "revocation": "live",
+  "objectives": [
+    {"id": "photo",
+     "filters": [{"name": "SourceFilter", "config": {"sources": ["photos"]}}],
+     "rule": {"name": "ContentStatusRule", "config": {"counters": {"active": "approved", "moderation": "on_moderation", "blocked": "blocked"}}},
+     "progress_counter": "approved"},
+    {"id": "reviews",
+     "filters": [{"name": "SourceFilter", "config": {"sources": ["reviews"]}},
+                 {"name": "ReviewsLengthFilter", "config": {"allowed_length": 100}}],
+     "rule": {"name": "ReviewUniqueByObjectRule", "config": {}},
+     "progress_counter": "count"},
+    {"id": "navi",
+     "filters": [{"name": "SourceFilter", "config": {"sources": ["bss"]}},
+                 {"name": "EventTypeFilter", "config": {"types": ["navi.trip_finished"]}}],
+     "rule": {"name": "SumFieldRule", "config": {"field": "distance_m", "counter": "metres"}},
+     "progress_counter": "metres"}],
+  "strategy": {"goal": 15, "operation": "sum", "strategy": [
+    {"goal": 5, "operation": "sum", "strategy": [{"objective_id": "photo"}, {"objective_id": "reviews"}]},
+    {"goal": 10, "operation": "sum", "strategy": [{"objective_id": "navi", "normalization_factor": 0.001}]}]}
+}, {
+  "id": "three-photos", "title": "Three photos",
+  "objectives": [
+    {"id": "photos",
+     "filters": [{"name": "SourceFilter", "config": {"sources": ["photos"]}}],
+     "rule": {"name": "ContentStatusRule", "config": {"counters": {"active": "approved"}}},
+     "progress_counter": "approved"}],
+  "strategy": {"goal": 3, "operation": "sum", "strategy": [{"objective_id": "photos"}]}
+}]"#;
+
+fn award<'a>(awards: &'a Value, id: &str) -> &'a Value {
+    awards["awards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["award_id"] == id)
+        .unwrap_or_else(|| panic!("award {id} missing from {awards}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_from_kafka_events_is_read_back_through_the_public_api() {
+    let mut p = Pipeline::start(AWARDS, &["photos", "reviews", "bss"]).await;
+    let long = "x".repeat(150);
+    for n in 1..=3 {
+        let photo = event(
+            &format!("p-{n}"),
+            "photos",
+            "u-42",
+            Some((&format!("photo-{n}"), "active")),
+            n,
+            json!({}),
+        );
+        p.send(&photo).await;
+    }
+    p.send(&event(
+        "p-4",
+        "photos",
+        "u-42",
+        Some(("photo-4", "blocked")),
+        4,
+        json!({}),
+    ))
+    .await;
+    p.send(&event(
+        "r-1",
+        "reviews",
+        "u-42",
+        Some(("review-1", "active")),
+        1,
+        json!({"object_id": "firm-17", "text": long}),
+    ))
+    .await;
+    let mut trip = event("t-1", "bss", "u-42", None, 1, json!({"distance_m": 5500}));
+    trip["type"] = "navi.trip_finished".into();
+    p.send(&trip).await;
+    for source in ["photos", "reviews", "bss"] {
+        p.settle(source, "u-42").await;
+    }
+    p.awards_worker().await.drain().await.unwrap();
+    let server = Server::start(
+        &p.db.url,
+        p.registry.clone(),
+        Some(p.broker.bootstrap_servers()),
+    )
+    .await;
+
+    let token = user_token("u-42", JWT_SECRET, 600);
+    let answer = server.get("/v1/users/u-42/awards", Some(&token)).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert!(answer.content_type.starts_with("application/json"));
+    assert_eq!(answer.body["user_id"], "u-42");
+    let maker = award(&answer.body, "content-maker");
+    // 4 units of content (3 photos + 1 long review, cap 5) + 5.5 km (cap 10).
+    assert_eq!(maker["title"], "Content maker");
+    assert_eq!(maker["progress"], json!(9.5));
+    assert_eq!(maker["goal"], json!(15));
+    assert_eq!(maker["remaining"], json!(5.5));
+    assert_eq!(maker["started"], true);
+    assert_eq!(maker["completed"], false);
+    assert_eq!(maker["completed_at"], Value::Null);
+    let photo = maker["objectives"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["objective_id"] == "photo")
+        .unwrap();
+    assert_eq!(photo["counters"]["approved"], 3);
+    assert_eq!(photo["counters"]["blocked"], 1);
+    // Every enabled award appears, started or not; the marker award too.
+    let three = award(&answer.body, "three-photos");
+    assert_eq!(three["progress"], json!(3));
+    assert_eq!(three["completed"], true);
+    assert!(three["completed_at"].as_str().unwrap().ends_with('Z'));
+
+    // A user with nothing yet: every award at zero, its goal from the strategy.
+    let token = user_token("u-new", JWT_SECRET, 600);
+    let fresh = server.get("/v1/users/u-new/awards", Some(&token)).await;
+    assert_eq!(fresh.status, 200);
+    let maker = award(&fresh.body, "content-maker");
+    assert_eq!(
+        (
+            maker["progress"].clone(),
+            maker["goal"].clone(),
+            maker["remaining"].clone()
+        ),
+        (json!(0), json!(15), json!(15))
+    );
+    assert_eq!(maker["started"], false);
+    assert_eq!(maker["objectives"][0]["counters"], json!({}));
+
+    // The admin API shows the same without a user token.
+    let admin = server.admin("GET", "/users/u-42/awards", None).await;
+    assert_eq!(admin.status, 200);
+    assert_eq!(award(&admin.body, "content-maker")["progress"], json!(9.5));
+
+    // The processing log, newest first, paged.
+    let log = server.admin("GET", "/users/u-42/log?limit=100", None).await;
+    assert_eq!(log.status, 200, "{}", log.body);
+    let entries = log.body["entries"].as_array().unwrap();
+    let ids: Vec<i64> = entries.iter().map(|e| e["id"].as_i64().unwrap()).collect();
+    assert!(ids.windows(2).all(|w| w[0] > w[1]), "newest first: {ids:?}");
+    let trip = entries
+        .iter()
+        .find(|e| e["event_id"] == "t-1")
+        .expect("the trip is logged");
+    assert_eq!(trip["outcome"], "applied");
+    assert_eq!(
+        trip["deltas"]["content-maker"]["navi"]["metres"], 5500,
+        "{trip}"
+    );
+    assert!(
+        trip["functions"].to_string().contains("SumFieldRule"),
+        "{trip}"
+    );
+    let page = server.admin("GET", "/users/u-42/log?limit=2", None).await;
+    assert_eq!(page.body["entries"].as_array().unwrap().len(), 2);
+    let next = page.body["next_before"].as_i64().unwrap();
+    let rest = server
+        .admin(
+            "GET",
+            &format!("/users/u-42/log?limit=2&before={next}"),
+            None,
+        )
+        .await;
+    assert!(
+        rest.body["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|e| e["id"].as_i64().unwrap() < next)
+    );
+    assert_eq!(
+        server
+            .admin("GET", "/users/u-42/log?limit=-1", None)
+            .await
+            .status,
+        400
+    );
+
+    // Sources: state and consumer lag (everything consumed: 0).
+    let sources = server.admin("GET", "/sources", None).await;
+    assert_eq!(sources.status, 200, "{}", sources.body);
+    let photos = sources.body["sources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == "photos")
+        .unwrap()
+        .clone();
+    assert_eq!(photos["paused"], false);
+    assert_eq!(photos["topic"], "events.photos");
+    assert_eq!(photos["lag"], 0, "{photos}");
+    let paused = server.admin("POST", "/sources/photos/pause", None).await;
+    assert_eq!(
+        (paused.status, paused.body.clone()),
+        (200, json!({"name": "photos", "paused": true}))
+    );
+    let sources = server.admin("GET", "/sources", None).await;
+    assert!(
+        sources.body["sources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["name"] == "photos" && s["paused"] == true)
+    );
+    assert_eq!(
+        server
+            .admin("POST", "/sources/photos/resume", None)
+            .await
+            .body["paused"],
+        false
+    );
+    let unknown = server.admin("POST", "/sources/nope/pause", None).await;
+    assert_eq!(unknown.status, 404);
+    assert_eq!(error_text(&unknown), "no source named nope");
+
+    // Health: PostgreSQL, Redis and Kafka all answer.
+    let health = server.get("/healthz", None).await;
+    assert_eq!(health.status, 200, "{}", health.body);
+    assert_eq!(health.body["checks"]["kafka"]["ok"], true);
+    drop(server);
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_reads_only_their_own_awards_with_a_valid_token() {
+    let (db, registry) = database_with(AWARDS).await;
+    let server = Server::start(&db.url, registry, None).await;
+    let path = "/v1/users/u-1/awards";
+
+    let none = server.get(path, None).await;
+    assert_eq!(none.status, 401);
+    assert_eq!(error_text(&none), "missing Authorization: Bearer <token>");
+    let garbage = server.get(path, Some("not-a-jwt")).await;
+    assert_eq!(garbage.status, 401);
+    assert!(
+        error_text(&garbage).starts_with("invalid token"),
+        "{}",
+        garbage.body
+    );
+    let forged = server
+        .get(path, Some(&user_token("u-1", "another-secret", 600)))
+        .await;
+    assert_eq!(forged.status, 401);
+    assert!(
+        error_text(&forged).contains("InvalidSignature"),
+        "{}",
+        forged.body
+    );
+    let expired = server
+        .get(path, Some(&user_token("u-1", JWT_SECRET, -3600)))
+        .await;
+    assert_eq!(expired.status, 401);
+    assert!(
+        error_text(&expired).contains("ExpiredSignature"),
+        "{}",
+        expired.body
+    );
+    // An unsigned token ("alg": "none") is never accepted.
+    let unsigned = format!(
+        "{}.{}.",
+        base64url(br#"{"alg":"none","typ":"JWT"}"#),
+        base64url(br#"{"sub":"u-1"}"#)
+    );
+    assert_eq!(server.get(path, Some(&unsigned)).await.status, 401);
+
+    let other = server
+        .get(path, Some(&user_token("u-2", JWT_SECRET, 600)))
+        .await;
+    assert_eq!(other.status, 403);
+    assert!(
+        error_text(&other).contains("another user"),
+        "{}",
+        other.body
+    );
+    // The admin token is not a user token.
+    assert_eq!(server.get(path, Some(ADMIN)).await.status, 401);
+
+    let own = server
+        .get(path, Some(&user_token("u-1", JWT_SECRET, 600)))
+        .await;
+    assert_eq!(own.status, 200);
+    assert_eq!(own.body["awards"].as_array().unwrap().len(), 2);
+
+    // Banned or deleted: 404.
+    let store = db.store().await;
+    store.set_user_state("u-1", "banned").await.unwrap();
+    let banned = server
+        .get(path, Some(&user_token("u-1", JWT_SECRET, 600)))
+        .await;
+    assert_eq!(banned.status, 404);
+    assert_eq!(error_text(&banned), "user u-1 not found");
+    let admin = server.admin("GET", "/users/u-1/awards", None).await;
+    assert_eq!(
+        (admin.status, error_text(&admin)),
+        (404, "user u-1 is banned")
+    );
+    store.set_user_state("u-1", "deleted").await.unwrap();
+    assert_eq!(
+        server
+            .get(path, Some(&user_token("u-1", JWT_SECRET, 600)))
+            .await
+            .status,
+        404
+    );
+    drop(server);
+    db.drop_database().await;
+}
+
+fn base64url(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, b)| n | (u32::from(*b) << (16 - 8 * i)));
+        for i in 0..=chunk.len() {
+            out.push(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize] as char);
+        }
+    }
+    out
+}
+
+/// A fresh database with the built-in library, `awards` applied, and a
+/// registry.
+async fn database_with(awards: &str) -> (TestDb, Arc<Registry>) {
+    let db = TestDb::new().await;
+    let mut store = db.store().await;
+    let runtime = support::runtime();
+    laurel::library::register(&mut store, &runtime)
+        .await
+        .unwrap();
+    let registry = Registry::start(&db.url, runtime).await.unwrap();
+    laurel::definitions::apply(&mut store, &registry, awards)
+        .await
+        .unwrap();
+    (db, registry)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_api_manages_awards_all_or_nothing() {
+    let (db, registry) = database_with("[]").await;
+    let server = Server::start(&db.url, registry, None).await;
+
+    // The admin token guards every path, routes or not.
+    assert_eq!(server.get("/admin/v1/awards", None).await.status, 401);
+    let wrong = server.get("/admin/v1/awards", Some("guess")).await;
+    assert_eq!(
+        (wrong.status, error_text(&wrong)),
+        (401, "invalid admin token")
+    );
+    assert_eq!(
+        server.get("/admin/v1/no-such-thing", None).await.status,
+        401
+    );
+
+    let definitions: Vec<Value> = serde_json::from_str(AWARDS).unwrap();
+    let mut maker = definitions[0].clone();
+    let put = server
+        .admin("PUT", "/awards/content-maker", Some(maker.clone()))
+        .await;
+    assert_eq!(
+        (put.status, put.body.clone()),
+        (200, json!({"id": "content-maker", "version": 1}))
+    );
+    let got = server.admin("GET", "/awards/content-maker", None).await;
+    assert_eq!(got.status, 200);
+    assert_eq!(got.body["version"], 1);
+    assert_eq!(
+        got.body["definition"]["objectives"][2]["rule"]["name"],
+        "SumFieldRule"
+    );
+    // The new award shows at once in users' awards.
+    let fresh = server.admin("GET", "/users/u-9/awards", None).await;
+    assert_eq!(award(&fresh.body, "content-maker")["goal"], json!(15));
+
+    // An unknown function and a config its function refuses: 422 naming
+    // objective, function and reason; nothing changes.
+    maker["title"] = "Changed".into();
+    maker["objectives"][0]["rule"]["name"] = "NoSuchRule".into();
+    maker["objectives"][1]["filters"][1]["config"] = json!({"allowed_length": "long"});
+    let refused = server
+        .admin("PUT", "/awards/content-maker", Some(maker.clone()))
+        .await;
+    assert_eq!(refused.status, 422, "{}", refused.body);
+    let problems = refused.body["problems"].as_array().unwrap();
+    assert_eq!(problems.len(), 2, "{}", refused.body);
+    assert_eq!(problems[0]["objective"], "photo");
+    assert_eq!(problems[0]["function"], "NoSuchRule");
+    assert!(
+        problems[0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("no function named NoSuchRule"),
+        "{}",
+        refused.body
+    );
+    assert_eq!(problems[1]["objective"], "reviews");
+    assert_eq!(problems[1]["function"], "ReviewsLengthFilter");
+    assert!(
+        error_text(&refused).contains("objective reviews"),
+        "{}",
+        refused.body
+    );
+    let unchanged = server.admin("GET", "/awards/content-maker", None).await;
+    assert_eq!(
+        (
+            unchanged.body["version"].clone(),
+            unchanged.body["definition"]["title"].clone()
+        ),
+        (json!(1), json!("Content maker"))
+    );
+
+    // The body's id must be the path's; a body without id takes the path's.
+    let mismatch = server
+        .admin("PUT", "/awards/other", Some(definitions[1].clone()))
+        .await;
+    assert_eq!(mismatch.status, 422);
+    assert!(
+        error_text(&mismatch).contains("differs from the id in the path"),
+        "{}",
+        mismatch.body
+    );
+    let mut anonymous = definitions[1].clone();
+    anonymous.as_object_mut().unwrap().remove("id");
+    let put = server
+        .admin("PUT", "/awards/photo-trio", Some(anonymous))
+        .await;
+    assert_eq!(put.status, 200, "{}", put.body);
+    let list = server.admin("GET", "/awards", None).await;
+    let ids: Vec<&str> = list.body["awards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["content-maker", "photo-trio"]);
+
+    // Malformed bodies: clear 4xx, nothing written.
+    let broken = server
+        .call(
+            "PUT",
+            "/admin/v1/awards/x",
+            Some(ADMIN),
+            Some(("application/json", b"{\"id\": ".to_vec())),
+        )
+        .await;
+    assert_eq!(broken.status, 400);
+    assert!(
+        error_text(&broken).starts_with("the request body is not valid JSON"),
+        "{}",
+        broken.body
+    );
+    let array = server.admin("PUT", "/awards/x", Some(json!([1, 2]))).await;
+    assert_eq!(array.status, 422);
+    let huge = server
+        .call(
+            "PUT",
+            "/admin/v1/awards/x",
+            Some(ADMIN),
+            Some(("application/json", vec![b' '; 100 << 10])),
+        )
+        .await;
+    assert_eq!(huge.status, 413);
+    assert!(
+        error_text(&huge).contains("over the limit"),
+        "{}",
+        huge.body
+    );
+    assert_eq!(server.admin("GET", "/awards/x", None).await.status, 404);
+
+    let deleted = server.admin("DELETE", "/awards/photo-trio", None).await;
+    assert_eq!(deleted.status, 204);
+    assert_eq!(
+        server
+            .admin("DELETE", "/awards/photo-trio", None)
+            .await
+            .status,
+        404
+    );
+    let users = server.admin("GET", "/users/u-9/awards", None).await;
+    assert_eq!(users.body["awards"].as_array().unwrap().len(), 1);
+    drop(server);
+    db.drop_database().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_api_uploads_and_lists_functions() {
+    let (db, registry) = database_with("[]").await;
+    let server = Server::start(&db.url, registry, None).await;
+    let wasm = support::guest_bytes("accept_all_filter");
+    let upload = |content_type: &'static str, bytes: Vec<u8>, query: &'static str| {
+        let server = &server;
+        async move {
+            server
+                .call(
+                    "PUT",
+                    &format!("/admin/v1/functions/AcceptAll{query}"),
+                    Some(ADMIN),
+                    Some((content_type, bytes)),
+                )
+                .await
+        }
+    };
+    let wrong_type = upload("application/octet-stream", wasm.clone(), "").await;
+    assert_eq!(wrong_type.status, 415);
+    assert!(error_text(&wrong_type).contains("application/wasm"));
+    let not_wasm = upload("application/wasm", b"hello".to_vec(), "").await;
+    assert_eq!(not_wasm.status, 422);
+    assert!(
+        error_text(&not_wasm).contains("not a valid Wasm component"),
+        "{}",
+        not_wasm.body
+    );
+    let wrong_kind = upload("application/wasm", wasm.clone(), "?kind=rule").await;
+    assert_eq!(wrong_kind.status, 422);
+    assert!(
+        error_text(&wrong_kind).contains("is a filter"),
+        "{}",
+        wrong_kind.body
+    );
+
+    let created = upload("application/wasm", wasm.clone(), "?kind=filter").await;
+    assert_eq!(created.status, 201, "{}", created.body);
+    assert_eq!(
+        created.body,
+        json!({"name": "AcceptAll", "kind": "filter", "version": 1, "created": true})
+    );
+    let again = upload("application/wasm", wasm.clone(), "").await;
+    assert_eq!(
+        (again.status, again.body["created"].clone()),
+        (200, json!(false))
+    );
+
+    let list = server.admin("GET", "/functions", None).await;
+    let accept = list.body["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["name"] == "AcceptAll")
+        .unwrap()
+        .clone();
+    assert_eq!(accept["kind"], "filter");
+    assert_eq!(accept["size"], wasm.len());
+    assert_eq!(accept["builtin"], false);
+    assert!(
+        list.body["functions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f["name"] == "TreeStrategy" && f["builtin"] == true)
+    );
+    drop(server);
+    db.drop_database().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_api_manages_webhooks() {
+    let (db, registry) = database_with("[]").await;
+    let server = Server::start(&db.url, registry, None).await;
+    let put = server.admin("PUT", "/webhooks/crm", Some(json!({"url": "http://127.0.0.1:9/hook", "events": ["award.completed"], "proxy_pool": null}))).await;
+    assert_eq!(put.status, 200, "{}", put.body);
+    assert_eq!(
+        put.body,
+        json!({"name": "crm", "url": "http://127.0.0.1:9/hook", "events": ["award.completed"], "proxy_pool": null})
+    );
+    assert_eq!(
+        server.admin("GET", "/webhooks/crm", None).await.body,
+        put.body
+    );
+    // Stored where the notifier reads it.
+    let hooks = db.store().await.webhooks().await.unwrap();
+    assert_eq!(hooks.len(), 1);
+    assert_eq!(hooks[0].url, "http://127.0.0.1:9/hook");
+
+    let bad_url = server
+        .admin("PUT", "/webhooks/crm", Some(json!({"url": "ftp://x"})))
+        .await;
+    assert_eq!(bad_url.status, 422);
+    assert!(
+        error_text(&bad_url).starts_with("webhook crm: invalid webhook URL"),
+        "{}",
+        bad_url.body
+    );
+    let bad_event = server
+        .admin(
+            "PUT",
+            "/webhooks/crm",
+            Some(json!({"url": "http://x/", "events": ["award.nope"]})),
+        )
+        .await;
+    assert_eq!(bad_event.status, 422);
+    let typo = server
+        .admin(
+            "PUT",
+            "/webhooks/crm",
+            Some(json!({"url": "http://x/", "evnts": []})),
+        )
+        .await;
+    assert_eq!(typo.status, 422);
+    assert!(
+        error_text(&typo).contains("unknown field `evnts`"),
+        "{}",
+        typo.body
+    );
+    assert_eq!(
+        server.admin("GET", "/webhooks/crm", None).await.body["url"],
+        "http://127.0.0.1:9/hook"
+    );
+
+    let defaulted = server
+        .admin(
+            "PUT",
+            "/webhooks/ops",
+            Some(json!({"url": "https://example.com/h", "proxy_pool": "egress"})),
+        )
+        .await;
+    assert_eq!(defaulted.body["events"], json!(["award.completed"]));
+    let list = server.admin("GET", "/webhooks", None).await;
+    assert_eq!(list.body["webhooks"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        server.admin("DELETE", "/webhooks/crm", None).await.status,
+        204
+    );
+    let gone = server.admin("GET", "/webhooks/crm", None).await;
+    assert_eq!(
+        (gone.status, error_text(&gone)),
+        (404, "no webhook named crm")
+    );
+    drop(server);
+    db.drop_database().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_api_imports_inspects_and_allocates_proxy_pools() {
+    let (db, registry) = database_with("[]").await;
+    let server = Server::start(&db.url, registry, None).await;
+    let pool = crate::proxy::pool_name("api");
+    let live = crate::proxy::Tinyproxy::start("api-live");
+    let dead = crate::proxy::free_port();
+    let list = format!(
+        "# a free proxy list\nhttp://127.0.0.1:{}\nhttp://127.0.0.1:{dead}\nnot a proxy\n",
+        live.port()
+    );
+    let path = format!("/admin/v1/proxy-pools/{pool}/candidates");
+    let unknown = server
+        .call(
+            "PUT",
+            &path,
+            Some(ADMIN),
+            Some(("text/plain", list.clone().into_bytes())),
+        )
+        .await;
+    assert_eq!(unknown.status, 404);
+    assert!(
+        error_text(&unknown).contains("is not configured"),
+        "{}",
+        unknown.body
+    );
+
+    let check_url = crate::proxy::check_server().await;
+    db.store()
+        .await
+        .set_proxy_pool(&crate::proxy::pool_config(&pool, &check_url))
+        .await
+        .unwrap();
+    let empty = server
+        .admin("POST", &format!("/proxy-pools/{pool}/allocate"), None)
+        .await;
+    assert_eq!(empty.status, 409);
+    assert_eq!(
+        error_text(&empty),
+        format!("proxy pool {pool} has no eligible member")
+    );
+
+    let imported = server
+        .call(
+            "PUT",
+            &path,
+            Some(ADMIN),
+            Some(("text/plain", list.into_bytes())),
+        )
+        .await;
+    assert_eq!(imported.status, 200, "{}", imported.body);
+    let live_proxy = format!("http://127.0.0.1:{}", live.port());
+    assert_eq!(imported.body["admitted"][0]["proxy"], live_proxy.as_str());
+    assert_eq!(
+        imported.body["refused"][0]["proxy"],
+        format!("http://127.0.0.1:{dead}")
+    );
+    assert_eq!(
+        imported.body["junk"],
+        json!([{"line": 4, "text": "not a proxy", "reason": imported.body["junk"][0]["reason"]}])
+    );
+
+    let status = server
+        .admin("GET", &format!("/proxy-pools/{pool}"), None)
+        .await;
+    assert_eq!(status.status, 200, "{}", status.body);
+    assert_eq!(status.body["eligible"], 1);
+    let members = status.body["members"].as_array().unwrap();
+    assert_eq!(members.len(), 2);
+    let dead_member = members.iter().find(|m| m["eligible"] == false).unwrap();
+    assert!(
+        dead_member["reason"]
+            .as_str()
+            .is_some_and(|r| !r.is_empty()),
+        "{dead_member}"
+    );
+
+    for n in 1..=3 {
+        let allocated = server
+            .admin("POST", &format!("/proxy-pools/{pool}/allocate"), None)
+            .await;
+        assert_eq!(
+            (allocated.status, allocated.body.clone()),
+            (200, json!({"proxy": live_proxy}))
+        );
+        let status = server
+            .admin("GET", &format!("/proxy-pools/{pool}"), None)
+            .await;
+        let member = status.body["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["proxy"] == live_proxy.as_str())
+            .unwrap()
+            .clone();
+        assert_eq!(member["allocations"], json!(n));
+    }
+    let invalid = server.admin("GET", "/proxy-pools/bad%20name", None).await;
+    assert_eq!(invalid.status, 400);
+    assert_eq!(
+        server
+            .admin("GET", "/proxy-pools/never-configured", None)
+            .await
+            .status,
+        404
+    );
+    drop(server);
+    db.drop_database().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_requests_get_clear_json_errors() {
+    let (db, registry) = database_with("[]").await;
+    let server = Server::start(&db.url, registry, None).await;
+    let unknown = server.get("/v2/nothing", None).await;
+    assert_eq!(unknown.status, 404);
+    assert!(error_text(&unknown).starts_with("no route for GET /v2/nothing"));
+    let method = server
+        .call("DELETE", "/v1/users/u-1/awards", None, None)
+        .await;
+    assert_eq!(method.status, 405);
+    assert_eq!(
+        error_text(&method),
+        "DELETE is not allowed on /v1/users/u-1/awards"
+    );
+    let scheme = server
+        .client
+        .get(format!("{}/v1/users/u-1/awards", server.base))
+        .header("authorization", "Basic dTpw")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(scheme.status().as_u16(), 401);
+    assert_eq!(scheme.headers()["www-authenticate"], "Bearer");
+    let not_json = server
+        .call(
+            "PUT",
+            "/admin/v1/webhooks/x",
+            Some(ADMIN),
+            Some(("application/json", vec![0xff, 0xfe])),
+        )
+        .await;
+    assert_eq!(not_json.status, 400);
+    let bad_flag = server.admin("GET", "/functions?all=maybe", None).await;
+    assert_eq!(bad_flag.status, 400);
+    assert!(error_text(&bad_flag).contains("all must be true or false"));
+    drop(server);
+    db.drop_database().await;
+}
+
+/// Every operation of the OpenAPI document is routed (not a 404 "no
+/// route" or 405), and every route in the code is in the document.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openapi_document_matches_the_routes() {
+    let (db, registry) = database_with("[]").await;
+    let server = Server::start(&db.url, registry, None).await;
+    let served = server.get("/openapi.json", None).await;
+    assert_eq!(served.status, 200);
+    assert_eq!(served.body["openapi"], "3.1.0");
+    let paths = served.body["paths"].as_object().unwrap();
+    let mut documented = Vec::new();
+    for (path, item) in paths {
+        for (method, _) in item
+            .as_object()
+            .unwrap()
+            .iter()
+            .filter(|(m, _)| *m != "parameters")
+        {
+            documented.push(format!("{} {path}", method.to_uppercase()));
+            let concrete = path
+                .replace("{user_id}", "u-1")
+                .replace("{id}", "a-1")
+                .replace("{name}", "n-1")
+                .replace("{pool}", "p-1");
+            // With the token: the admin guard answers 401 for any path.
+            let token = concrete.starts_with("/admin/").then_some(ADMIN);
+            let answer = server
+                .call(&method.to_uppercase(), &concrete, token, None)
+                .await;
+            let error = answer.body["error"].as_str().unwrap_or_default();
+            assert!(
+                answer.status != 405 && !error.starts_with("no route"),
+                "{method} {path} is documented but not routed: {} {}",
+                answer.status,
+                answer.body
+            );
+        }
+    }
+    // The routes as the code declares them.
+    let sources = [
+        include_str!("../../src/api/mod.rs"),
+        include_str!("../../src/api/public.rs"),
+        include_str!("../../src/api/admin.rs"),
+    ];
+    let mut declared = 0;
+    for (index, source) in sources.iter().enumerate() {
+        let prefix = if index == 2 { "/admin/v1" } else { "" };
+        for piece in source.split(".route(").skip(1) {
+            let path = piece.trim_start().trim_start_matches('"');
+            let path = &path[..path.find('"').unwrap()];
+            let methods = &piece[..piece.find(")\n").unwrap_or(piece.len())];
+            for method in ["get", "put", "post", "delete"] {
+                if methods.contains(&format!("{method}(")) {
+                    declared += 1;
+                    let operation = format!("{} {prefix}{path}", method.to_uppercase());
+                    assert!(
+                        documented.contains(&operation),
+                        "{operation} is routed but not in openapi.json"
+                    );
+                }
+            }
+        }
+    }
+    assert_eq!(declared, documented.len(), "documented: {documented:?}");
+    drop(server);
+    db.drop_database().await;
+}

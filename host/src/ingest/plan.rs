@@ -224,31 +224,29 @@ impl ObjectivePlan {
     /// Filters (each sees only what the previous passed), then the rule.
     fn run(&mut self, events: &[Event]) -> Result<Vec<Answer>, FunctionError> {
         let mut passing: Vec<usize> = (0..events.len()).collect();
+        // A content item that no longer passes contributes nothing now; the
+        // filter that stopped it is named in the processing log.
+        let mut answers: Vec<Answer> = events.iter().map(|_| Answer::Nothing).collect();
         for filter in &mut self.filters {
             if passing.is_empty() {
                 break;
             }
-            let answers = filter
+            let answers_here = filter
                 .instance()
                 .matches(passing.iter().map(|&i| &events[i]))?;
-            passing = passing
-                .into_iter()
-                .zip(answers)
-                .filter(|(_, ok)| *ok)
-                .map(|(i, _)| i)
-                .collect();
-        }
-        let mut answers: Vec<Answer> = events
-            .iter()
-            // A content item that no longer passes contributes nothing now.
-            .map(|e| {
-                if e.content_id.is_some() {
-                    Answer::Effect(Effect::Excluded)
-                } else {
-                    Answer::Nothing
+            let mut excluded_by: Option<Arc<str>> = None;
+            let mut still = Vec::with_capacity(passing.len());
+            for (index, ok) in passing.into_iter().zip(answers_here) {
+                if ok {
+                    still.push(index);
+                } else if events[index].content_id.is_some() {
+                    let by = excluded_by
+                        .get_or_insert_with(|| format!("filter {}", filter.name()).into());
+                    answers[index] = Answer::Effect(Effect::Excluded { by: by.clone() });
                 }
-            })
-            .collect();
+            }
+            passing = still;
+        }
         if passing.is_empty() {
             return Ok(answers);
         }

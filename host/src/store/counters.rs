@@ -32,8 +32,8 @@ pub enum Effect {
     /// Add these counters once (an analytics event).
     Additive { counters: Counters },
     /// The content item no longer passes the objective's filters: it
-    /// contributes nothing now.
-    Excluded,
+    /// contributes nothing now. `by` names the filter that stopped it.
+    Excluded { by: Arc<str> },
 }
 
 /// One event's effect on one objective.
@@ -413,6 +413,9 @@ impl Store {
             let mut changes = serde_json::Map::new();
             let mut versions = serde_json::Map::new();
             let mut duplicate = false;
+            // Which objectives' filters now stop this item, where that
+            // moved counters.
+            let mut excluded: Vec<String> = Vec::new();
             for o in event {
                 let objective: ObjectiveKey<'_> = (&o.user_id, &o.award_id, &o.objective_id);
                 let delta = match (&o.effect, o.content_id.as_deref()) {
@@ -458,7 +461,7 @@ impl Store {
                             },
                         )
                     }
-                    (Effect::Contribution { .. } | Effect::Excluded, None) => {
+                    (Effect::Contribution { .. } | Effect::Excluded { .. }, None) => {
                         // Ingest never builds these: a contribution needs an item.
                         entries.push(LogRow::reject(
                             o,
@@ -469,6 +472,12 @@ impl Store {
                 };
                 if delta.is_empty() {
                     continue;
+                }
+                if let Effect::Excluded { by } = &o.effect {
+                    excluded.push(format!(
+                        "{}/{}: excluded by {by}",
+                        o.award_id, o.objective_id
+                    ));
                 }
                 applied.changed += 1;
                 nest(
@@ -486,10 +495,11 @@ impl Store {
                 add(deltas.entry(objective).or_default(), &delta, 1);
             }
             if !changes.is_empty() {
+                let reason = (!excluded.is_empty()).then(|| Cow::Owned(excluded.join("; ")));
                 entries.push(LogRow::event(
                     first,
                     "applied",
-                    None,
+                    reason,
                     Some(Value::Object(changes)),
                     Some(versions),
                 ));
@@ -497,7 +507,7 @@ impl Store {
                 entries.push(LogRow::event(
                     first,
                     "skipped",
-                    Some("event already applied"),
+                    Some("event already applied".into()),
                     None,
                     None,
                 ));
@@ -772,7 +782,7 @@ struct LogRow<'a> {
     award_id: Option<&'a str>,
     objective_id: Option<&'a str>,
     outcome: &'static str,
-    reason: Option<&'a str>,
+    reason: Option<Cow<'a, str>>,
     deltas: Option<Value>,
     functions: Option<Cow<'a, Value>>,
 }
@@ -781,7 +791,7 @@ impl<'a> LogRow<'a> {
     fn of(
         o: &'a Outcome,
         outcome: &'static str,
-        reason: Option<&'a str>,
+        reason: Option<Cow<'a, str>>,
         deltas: Option<Value>,
     ) -> LogRow<'a> {
         LogRow {
@@ -800,7 +810,7 @@ impl<'a> LogRow<'a> {
     fn event(
         o: &'a Outcome,
         outcome: &'static str,
-        reason: Option<&'a str>,
+        reason: Option<Cow<'a, str>>,
         deltas: Option<Value>,
         functions: Option<serde_json::Map<String, Value>>,
     ) -> LogRow<'a> {
@@ -817,11 +827,11 @@ impl<'a> LogRow<'a> {
     }
 
     fn skip(o: &'a Outcome, reason: &'static str) -> LogRow<'a> {
-        LogRow::of(o, "skipped", Some(reason), None)
+        LogRow::of(o, "skipped", Some(reason.into()), None)
     }
 
     fn reject(o: &'a Outcome, reason: &'static str) -> LogRow<'a> {
-        LogRow::of(o, "rejected", Some(reason), None)
+        LogRow::of(o, "rejected", Some(reason.into()), None)
     }
 
     fn from_entry(e: &'a LogEntry) -> LogRow<'a> {
@@ -831,7 +841,7 @@ impl<'a> LogRow<'a> {
             award_id: e.award_id.as_deref(),
             objective_id: e.objective_id.as_deref(),
             outcome: e.outcome,
-            reason: Some(&e.reason),
+            reason: Some(Cow::Borrowed(&e.reason)),
             deltas: None,
             functions: e.functions.as_deref().map(Cow::Borrowed),
         }
@@ -850,7 +860,7 @@ async fn write_log(
     let award: Vec<Option<&str>> = rows.iter().map(|r| r.award_id).collect();
     let objective: Vec<Option<&str>> = rows.iter().map(|r| r.objective_id).collect();
     let outcome: Vec<&str> = rows.iter().map(|r| r.outcome).collect();
-    let reason: Vec<Option<&str>> = rows.iter().map(|r| r.reason).collect();
+    let reason: Vec<Option<&str>> = rows.iter().map(|r| r.reason.as_deref()).collect();
     let deltas: Vec<Option<&Value>> = rows.iter().map(|r| r.deltas.as_ref()).collect();
     let functions: Vec<Option<&Value>> = rows.iter().map(|r| r.functions.as_deref()).collect();
     tx.execute(

@@ -19,6 +19,7 @@ use tracing::{debug, info, warn};
 
 use crate::catalog::Catalog;
 use crate::definitions::{AwardDefinition, Revocation};
+use crate::metrics;
 use crate::registry::{Binding, Registry};
 use crate::runtime::{Counter, ObjectiveState, Progress, StrategyInstance};
 use crate::store::{
@@ -351,6 +352,15 @@ impl AwardsWorker {
         updates.sort_unstable_by(|a, b| (&a.user_id, &a.award_id).cmp(&(&b.user_id, &b.award_id)));
         let claimed_count = claimed.changes.len();
         let report = claimed.commit(&updates).await?;
+        for update in &updates {
+            if let Some(transition) = &update.transition {
+                let family = match transition.kind {
+                    TransitionKind::Completed => metrics::AWARDS_COMPLETED,
+                    TransitionKind::Revoked => metrics::AWARDS_REVOKED,
+                };
+                metrics::add(family, &[("award", update.award_id.as_str())], 1);
+            }
+        }
         Ok(CycleOutcome {
             claimed: claimed_count,
             report,

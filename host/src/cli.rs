@@ -792,6 +792,10 @@ fn demo_secrets(settings: &mut Settings) {
     };
     println!("  curl -H 'Authorization: Bearer {user}' {base}/v1/users/u-42/awards");
     println!("  curl -H 'Authorization: Bearer {admin}' {base}/admin/v1/users/u-42/log");
+    println!(
+        "  curl -H 'Authorization: Bearer {admin}' {base}/admin/v1/users/u-42/awards/content-maker/explain"
+    );
+    println!("  curl {base}/metrics");
 }
 
 /// Creates `events.<source>` and its dead-letter topic on the local broker

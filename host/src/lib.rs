@@ -10,6 +10,7 @@ pub mod demo;
 pub mod event;
 pub mod ingest;
 pub mod library;
+pub mod metrics;
 pub mod notify;
 pub mod proxy;
 pub mod registry;

@@ -15,6 +15,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use tracing::{info, warn};
 
+use crate::metrics;
 use crate::proxy::{Policy, ProxyPools, Taken};
 use crate::store::{self, Delivery, Store, StoreError, Webhook};
 
@@ -347,9 +348,24 @@ pub async fn deliver_due(
     let tried = results.len();
     for (delivery, result) in results {
         match result {
-            Ok(()) => store.delivery_succeeded(delivery.id).await?,
+            Ok(()) => {
+                store.delivery_succeeded(delivery.id).await?;
+                metrics::add(
+                    metrics::NOTIFICATIONS_SENT,
+                    &[("webhook", delivery.webhook.as_str())],
+                    1,
+                );
+            }
             Err(error) => {
                 let give_up = error.is_final() || delivery.attempts >= settings.max_attempts;
+                metrics::add(
+                    metrics::NOTIFICATIONS_FAILED,
+                    &[
+                        ("webhook", delivery.webhook.as_str()),
+                        ("final", if give_up { "true" } else { "false" }),
+                    ],
+                    1,
+                );
                 let text = error.to_string();
                 if give_up {
                     warn!(message = "Gave up delivering a notification.", id = delivery.id, webhook = %delivery.webhook, attempts = delivery.attempts, error = %text);

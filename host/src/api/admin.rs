@@ -19,7 +19,7 @@ use super::progress::{Audience, user_awards};
 use super::{ApiError, AppState, auth, body, json_body, number};
 use crate::definitions::{self, ApplyError, DefinitionError, PushError};
 use crate::runtime::FunctionKind;
-use crate::store::{PushOutcome, Webhook};
+use crate::store::{LogRow, PushOutcome, Webhook};
 
 pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
     let function_limit = state.settings.max_function_bytes;
@@ -37,6 +37,10 @@ pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
         )
         .route("/users/{user_id}/awards", get(get_user_awards))
         .route("/users/{user_id}/log", get(get_user_log))
+        .route(
+            "/users/{user_id}/awards/{award_id}/explain",
+            get(super::explain::explain),
+        )
         .route("/sources", get(list_sources))
         .route("/sources/{name}/pause", post(pause_source))
         .route("/sources/{name}/resume", post(resume_source))
@@ -66,7 +70,7 @@ async fn admin_only(
     }
 }
 
-fn time(t: chrono::DateTime<chrono::Utc>) -> String {
+pub(super) fn time(t: chrono::DateTime<chrono::Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::Millis, true)
 }
 
@@ -305,26 +309,26 @@ async fn get_user_log(
     let next = (rows.len() as i64 == limit)
         .then(|| rows.last().map(|r| r.id))
         .flatten();
-    let entries: Vec<Value> = rows
-        .iter()
-        .map(|r| {
-            json!({
-                "id": r.id,
-                "logged_at": time(r.logged_at),
-                "source": r.source,
-                "event_id": r.event_id,
-                "award_id": r.award_id,
-                "objective_id": r.objective_id,
-                "outcome": r.outcome,
-                "reason": r.reason,
-                "deltas": r.deltas,
-                "functions": r.functions,
-            })
-        })
-        .collect();
+    let entries: Vec<Value> = rows.iter().map(log_entry).collect();
     Ok(Json(
         json!({"user_id": user_id, "entries": entries, "next_before": next}),
     ))
+}
+
+/// A processing-log entry as the API shows it.
+pub(super) fn log_entry(r: &LogRow) -> Value {
+    json!({
+        "id": r.id,
+        "logged_at": time(r.logged_at),
+        "source": r.source,
+        "event_id": r.event_id,
+        "award_id": r.award_id,
+        "objective_id": r.objective_id,
+        "outcome": r.outcome,
+        "reason": r.reason,
+        "deltas": r.deltas,
+        "functions": r.functions,
+    })
 }
 
 // --- sources ------------------------------------------------------------
@@ -340,15 +344,9 @@ async fn list_sources(State(state): State<Arc<AppState>>) -> Result<Json<Value>,
             "state": if source.paused { "paused" } else { "running" },
             "lag": null,
         });
-        match &state.settings.kafka_brokers {
-            Some(brokers) => {
-                let group = format!("{}.{}", state.settings.group_prefix, source.name);
-                match crate::ingest::consumer_lag(brokers, &group, &source.topic).await {
-                    Ok(lag) => entry["lag"] = json!(lag),
-                    Err(error) => entry["lag_error"] = json!(error),
-                }
-            }
-            None => entry["lag_error"] = json!("this process has no Kafka brokers configured"),
+        match state.lag(&source.name, &source.topic).await {
+            Ok(lag) => entry["lag"] = json!(lag),
+            Err(error) => entry["lag_error"] = json!(error),
         }
         listed.push(entry);
     }

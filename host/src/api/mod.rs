@@ -9,6 +9,7 @@
 mod admin;
 mod auth;
 mod error;
+mod explain;
 mod progress;
 mod public;
 
@@ -101,6 +102,15 @@ impl AppState {
         Ok(self.pool.get().await?)
     }
 
+    /// A source's consumer lag (messages its group has yet to consume).
+    async fn lag(&self, source: &str, topic: &str) -> Result<i64, String> {
+        let Some(brokers) = &self.settings.kafka_brokers else {
+            return Err("this process has no Kafka brokers configured".to_string());
+        };
+        let group = format!("{}.{source}", self.settings.group_prefix);
+        crate::ingest::consumer_lag(brokers, &group, topic).await
+    }
+
     async fn proxies(&self) -> Result<&ProxyPools, ApiError> {
         Ok(self
             .proxies
@@ -116,6 +126,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .nest("/admin/v1", admin::routes(state.clone()))
         .route("/healthz", get(healthz))
         .route("/openapi.json", get(openapi))
+        .route("/metrics", get(metrics))
         .fallback(no_route)
         .method_not_allowed_fallback(wrong_method)
         .with_state(state)
@@ -221,6 +232,40 @@ async fn healthz(State(state): State<Arc<AppState>>) -> Response {
     (
         status,
         axum::Json(json!({"status": if healthy { "ok" } else { "unavailable" }, "checks": checks})),
+    )
+        .into_response()
+}
+
+/// This process's counters and histograms, and each source's consumer lag
+/// read from the brokers now, in the Prometheus text format. Counters are
+/// served even when PostgreSQL or Kafka is away (the lag is then missing).
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    let sources = match state.store().await {
+        Ok(store) => store.sources().await.unwrap_or_default(),
+        Err(_) => Vec::new(),
+    };
+    let lags = futures_util::future::join_all(sources.iter().map(|source| {
+        let state = &state;
+        async move {
+            state
+                .lag(&source.name, &source.topic)
+                .await
+                .ok()
+                .map(|lag| crate::metrics::Gauge {
+                    name: crate::metrics::CONSUMER_LAG,
+                    labels: vec![("source", source.name.clone())],
+                    value: lag as f64,
+                })
+        }
+    }))
+    .await;
+    let gauges: Vec<_> = lags.into_iter().flatten().collect();
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        crate::metrics::render(&gauges),
     )
         .into_response()
 }

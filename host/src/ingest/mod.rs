@@ -33,6 +33,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::catalog::Catalog;
 use crate::event::Envelope;
+use crate::metrics;
 use crate::registry::Registry;
 use crate::store::{self, LogEntry, SourceRow, Store};
 
@@ -533,6 +534,13 @@ impl SourceConsumer {
                 .await
             {
                 Ok(applied) => {
+                    let source = [("source", self.source.name.as_str())];
+                    metrics::add(
+                        metrics::EVENTS_APPLIED,
+                        &source,
+                        (batch.len() - dead.len()) as u64,
+                    );
+                    metrics::add(metrics::EVENTS_DEAD_LETTERED, &source, dead.len() as u64);
                     debug!(
                         message = "Batch applied.",
                         source = %self.source.name,

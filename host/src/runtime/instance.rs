@@ -6,6 +6,8 @@ use std::sync::Arc;
 use wasmtime::Store;
 use wasmtime::component::ResourceAny;
 
+use crate::metrics;
+
 use super::bindings::{self, Contribution, ObjectiveState, Progress};
 use super::event::{Event, pack};
 use super::{Function, FunctionError, GuestState, MemoryLimitExceeded, Pre, TICK};
@@ -157,24 +159,42 @@ impl<W: World> Slot<W> {
     where
         R: Send,
     {
+        let function = Arc::clone(&self.function);
+        let labels = [
+            ("function", function.name.as_str()),
+            ("kind", function.kind.as_str()),
+        ];
+        metrics::add(metrics::FUNCTION_CALLS, &labels, 1);
         if let Some(reason) = self.function.quarantined() {
-            return Err(FunctionError::Quarantined {
+            let error = FunctionError::Quarantined {
                 name: self.function.name.clone(),
                 version: self.function.version,
                 reason: reason.to_string(),
-            });
+            };
+            count_error(&self.function, &error);
+            return Err(error);
         }
         let ticks = self.deadline_ticks();
-        let live = self.ensure_live()?;
+        let live = match self.ensure_live() {
+            Ok(live) => live,
+            Err(error) => {
+                count_error(&self.function, &error);
+                return Err(error);
+            }
+        };
         live.store.set_epoch_deadline(ticks);
         let (world, store, resource) = (&live.world, &mut live.store, live.resource);
-        match outside_async(move || call(world, store, resource)) {
+        let started = std::time::Instant::now();
+        let result = outside_async(move || call(world, store, resource));
+        metrics::observe(metrics::FUNCTION_SECONDS, &labels, started.elapsed());
+        match result {
             Ok(value) => Ok(value),
             Err(error) => {
                 let stderr = live.store.data().stderr.take();
                 let error = classify(&self.function, error, stderr);
                 self.live = None;
                 self.function.record(&Err(error.clone()));
+                count_error(&self.function, &error);
                 Err(error)
             }
         }
@@ -187,6 +207,7 @@ impl<W: World> Slot<W> {
             reason,
         };
         self.function.record(&Err(error.clone()));
+        count_error(&self.function, &error);
         error
     }
 
@@ -204,6 +225,27 @@ impl<W: World> Slot<W> {
     fn succeeded(&self) {
         self.function.record(&Ok(()));
     }
+}
+
+/// `laurel_function_errors_total{function, kind, error}`.
+fn count_error(function: &Function, error: &FunctionError) {
+    let what = match error {
+        FunctionError::Trap { .. } => "trap",
+        FunctionError::Timeout { .. } => "timeout",
+        FunctionError::Memory { .. } => "memory",
+        FunctionError::InvalidOutput { .. } => "invalid_output",
+        FunctionError::Quarantined { .. } => "quarantined",
+        _ => "other",
+    };
+    metrics::add(
+        metrics::FUNCTION_ERRORS,
+        &[
+            ("function", function.name.as_str()),
+            ("kind", function.kind.as_str()),
+            ("error", what),
+        ],
+        1,
+    );
 }
 
 /// Runs a guest call where WASI's synchronous host calls may block: they

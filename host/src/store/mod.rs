@@ -24,7 +24,7 @@ pub use migrations::MIGRATIONS;
 pub use notifications::{Delivery, NotificationRow, Webhook};
 pub use pool::{PoolError, PooledStore, StorePool};
 pub use proxies::{CandidateRow, ProxyPoolRow};
-pub use users::LogRow;
+pub use users::{ItemRow, LogRow};
 
 use std::time::Duration;
 

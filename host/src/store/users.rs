@@ -23,6 +23,47 @@ pub struct LogRow {
     pub functions: Option<Value>,
 }
 
+/// A content item of a user, as explain reads it.
+#[derive(Debug, Clone)]
+pub struct ItemRow {
+    pub source: String,
+    pub content_id: String,
+    pub occurred_at: DateTime<Utc>,
+    /// The last event applied to the item.
+    pub event_id: String,
+    /// What it contributes to the objective asked about
+    /// (`{"c": {counter: value}, "k": dedup key}`), if anything.
+    pub share: Option<Value>,
+}
+
+const LOG_COLUMNS: &str =
+    "id, logged_at, source, event_id, award_id, objective_id, outcome, reason, deltas, functions";
+
+fn log_row(r: &tokio_postgres::Row) -> LogRow {
+    LogRow {
+        id: r.get(0),
+        logged_at: r.get(1),
+        source: r.get(2),
+        event_id: r.get(3),
+        award_id: r.get(4),
+        objective_id: r.get(5),
+        outcome: r.get(6),
+        reason: r.get(7),
+        deltas: r.get(8),
+        functions: r.get(9),
+    }
+}
+
+fn item_row(r: &tokio_postgres::Row) -> ItemRow {
+    ItemRow {
+        source: r.get(0),
+        content_id: r.get(1),
+        occurred_at: r.get(2),
+        event_id: r.get(3),
+        share: r.get(4),
+    }
+}
+
 impl Store {
     /// `active` for a user never banned or deleted.
     pub async fn user_state(&self, user_id: &str) -> Result<String, StoreError> {
@@ -45,28 +86,103 @@ impl Store {
         let rows = self
             .client()
             .query(
-                "SELECT id, logged_at, source, event_id, award_id, objective_id, outcome, reason, deltas, functions
-                 FROM processing_log WHERE user_id = $1 AND id < coalesce($2, 9223372036854775807)
-                 ORDER BY id DESC LIMIT $3",
+                &format!(
+                    "SELECT {LOG_COLUMNS} FROM processing_log
+                     WHERE user_id = $1 AND id < coalesce($2, 9223372036854775807)
+                     ORDER BY id DESC LIMIT $3"
+                ),
                 &[&user_id, &before, &limit],
             )
             .await
             .context("reading a user's processing log")?;
-        Ok(rows
-            .iter()
-            .map(|r| LogRow {
-                id: r.get(0),
-                logged_at: r.get(1),
-                source: r.get(2),
-                event_id: r.get(3),
-                award_id: r.get(4),
-                objective_id: r.get(5),
-                outcome: r.get(6),
-                reason: r.get(7),
-                deltas: r.get(8),
-                functions: r.get(9),
-            })
-            .collect())
+        Ok(rows.iter().map(log_row).collect())
+    }
+
+    /// The newest `limit` log entries of a user that concern `award_id`:
+    /// its objectives' changes and rejections, and the skips and rejections
+    /// of whole events.
+    pub async fn user_award_log(
+        &self,
+        user_id: &str,
+        award_id: &str,
+        limit: i64,
+    ) -> Result<Vec<LogRow>, StoreError> {
+        let rows = self
+            .client()
+            .query(
+                &format!(
+                    "SELECT {LOG_COLUMNS} FROM processing_log
+                     WHERE user_id = $1
+                       AND (award_id = $2 OR (award_id IS NULL AND (deltas IS NULL OR deltas ? $2)))
+                     ORDER BY id DESC LIMIT $3"
+                ),
+                &[&user_id, &award_id, &limit],
+            )
+            .await
+            .context("reading a user's processing log")?;
+        Ok(rows.iter().map(log_row).collect())
+    }
+
+    /// Log entries of a user's events `event_ids`, newest first.
+    pub async fn user_event_log(
+        &self,
+        user_id: &str,
+        event_ids: &[&str],
+    ) -> Result<Vec<LogRow>, StoreError> {
+        let rows = self
+            .client()
+            .query(
+                &format!(
+                    "SELECT {LOG_COLUMNS} FROM processing_log
+                     WHERE user_id = $1 AND event_id = ANY($2) ORDER BY id DESC"
+                ),
+                &[&user_id, &event_ids],
+            )
+            .await
+            .context("reading a user's processing log")?;
+        Ok(rows.iter().map(log_row).collect())
+    }
+
+    /// A user's content items that contribute to `share_key`
+    /// (`award/objective`), newest first, at most `limit`.
+    pub async fn contributing_items(
+        &self,
+        user_id: &str,
+        share_key: &str,
+        limit: i64,
+    ) -> Result<Vec<ItemRow>, StoreError> {
+        let rows = self
+            .client()
+            .query(
+                "SELECT source, content_id, occurred_at, event_id, shares -> $2 FROM content_items
+                 WHERE user_id = $1 AND shares ? $2 ORDER BY occurred_at DESC, content_id LIMIT $3",
+                &[&user_id, &share_key, &limit],
+            )
+            .await
+            .context("reading a user's content items")?;
+        Ok(rows.iter().map(item_row).collect())
+    }
+
+    /// A user's content items in `sources` (any source, without them) that
+    /// contribute nothing to `share_key`, newest first, at most `limit`.
+    pub async fn idle_items(
+        &self,
+        user_id: &str,
+        share_key: &str,
+        sources: Option<&[String]>,
+        limit: i64,
+    ) -> Result<Vec<ItemRow>, StoreError> {
+        let rows = self
+            .client()
+            .query(
+                "SELECT source, content_id, occurred_at, event_id, NULL::jsonb FROM content_items
+                 WHERE user_id = $1 AND NOT shares ? $2 AND ($3::text[] IS NULL OR source = ANY($3))
+                 ORDER BY occurred_at DESC, content_id LIMIT $4",
+                &[&user_id, &share_key, &sources, &limit],
+            )
+            .await
+            .context("reading a user's content items")?;
+        Ok(rows.iter().map(item_row).collect())
     }
 
     /// Answers if PostgreSQL does (health checks).

@@ -116,6 +116,26 @@ impl Server {
         .await
     }
 
+    /// A plain-text GET (no token), e.g. `/metrics`.
+    pub async fn text(&self, path: &str) -> String {
+        let response = self
+            .client
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        let content_type = response.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .to_string();
+        assert!(
+            content_type.starts_with("text/plain; version=0.0.4"),
+            "{content_type}"
+        );
+        response.text().await.unwrap()
+    }
+
     pub async fn get(&self, path: &str, token: Option<&str>) -> Answer {
         self.call("GET", path, token, None).await
     }
@@ -358,6 +378,25 @@ async fn progress_from_kafka_events_is_read_back_through_the_public_api() {
     let unknown = server.admin("POST", "/sources/nope/pause", None).await;
     assert_eq!(unknown.status, 404);
     assert_eq!(error_text(&unknown), "no source named nope");
+
+    // Metrics (this process's, shared by the tests running in it: at least
+    // this test's share), and the lag read from the brokers.
+    let metrics = server.text("/metrics").await;
+    let value = |series: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("{series} missing from:\n{metrics}"))
+    };
+    assert!(value("laurel_events_applied_total{source=\"photos\"}") >= 4.0);
+    assert!(value("laurel_function_calls_total{function=\"SumFieldRule\",kind=\"rule\"}") >= 1.0);
+    assert!(
+        value("laurel_function_call_seconds_count{function=\"ContentStatusRule\",kind=\"rule\"}")
+            >= 1.0
+    );
+    assert!(value("laurel_awards_completed_total{award=\"three-photos\"}") >= 1.0);
+    assert_eq!(value("laurel_consumer_lag{source=\"photos\"}"), 0.0);
+    assert!(metrics.contains("# TYPE laurel_notifications_sent_total counter"));
 
     // Health: PostgreSQL, Redis and Kafka all answer.
     let health = server.get("/healthz", None).await;
@@ -993,4 +1032,193 @@ async fn openapi_document_matches_the_routes() {
     assert_eq!(declared, documented.len(), "documented: {documented:?}");
     drop(server);
     db.drop_database().await;
+}
+
+/// Photos that count while active; reviews that count once per object.
+const EXPLAINED: &str = r#"[{
+  "id": "active-photos", "title": "Active photos",
+  "objectives": [
+    {"id": "photos",
+     "filters": [{"name": "SourceFilter", "config": {"sources": ["photos"]}},
+                 {"name": "StatusFilter", "config": {"statuses": ["active"]}}],
+     "rule": {"name": "ContentStatusRule", "config": {"counters": {"active": "approved"}}},
+     "progress_counter": "approved"},
+    {"id": "reviews",
+     "filters": [{"name": "SourceFilter", "config": {"sources": ["reviews"]}}],
+     "rule": {"name": "ReviewUniqueByObjectRule", "config": {}},
+     "progress_counter": "count"}],
+  "strategy": {"goal": 10, "operation": "sum", "strategy": [{"objective_id": "photos"}, {"objective_id": "reviews"}]}
+}]"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_says_which_items_count_and_which_filter_stopped_the_others() {
+    let mut p = Pipeline::start(EXPLAINED, &["photos", "reviews"]).await;
+    let photo = |id: &str, content: &str, status: &str, tick: u32| {
+        event(
+            id,
+            "photos",
+            "u-7",
+            Some((content, status)),
+            tick,
+            json!({}),
+        )
+    };
+    p.send(&photo("e-1", "photo-1", "active", 1)).await;
+    p.send(&photo("e-2", "photo-2", "active", 2)).await;
+    p.send(&photo("e-3", "photo-3", "active", 3)).await;
+    // Counted, then blocked: the status filter takes it out.
+    p.send(&photo("e-4", "photo-3", "blocked", 4)).await;
+    // Never counted: still on moderation.
+    p.send(&photo("e-5", "photo-4", "moderation", 5)).await;
+    for (id, review, tick) in [("e-6", "review-1", 6), ("e-7", "review-2", 7)] {
+        p.send(&event(
+            id,
+            "reviews",
+            "u-7",
+            Some((review, "active")),
+            tick,
+            json!({"object_id": "cafe-9", "text": "fine"}),
+        ))
+        .await;
+    }
+    p.settle("photos", "u-7").await;
+    p.settle("reviews", "u-7").await;
+    p.awards_worker().await.drain().await.unwrap();
+    let server = Server::start(&p.db.url, p.registry.clone(), None).await;
+
+    let answer = server
+        .admin("GET", "/users/u-7/awards/active-photos/explain", None)
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let body = &answer.body;
+    // 2 active photos + 1 for the two reviews of one object.
+    assert_eq!(
+        (
+            body["award_id"].clone(),
+            body["progress"].clone(),
+            body["goal"].clone()
+        ),
+        (json!("active-photos"), json!(3), json!(10))
+    );
+    let photos = &body["objectives"][0];
+    assert_eq!(photos["objective_id"], "photos");
+    assert_eq!(photos["filters"], json!(["SourceFilter", "StatusFilter"]));
+    assert_eq!(photos["rule"], "ContentStatusRule");
+    assert_eq!(photos["sources"], json!(["photos"]));
+    assert_eq!(photos["counters"], json!({"approved": 2}));
+    let counted: Vec<(&str, &Value)> = photos["contributing"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| (i["content_id"].as_str().unwrap(), &i["counters"]))
+        .collect();
+    assert_eq!(
+        counted,
+        vec![
+            ("photo-2", &json!({"approved": 1})),
+            ("photo-1", &json!({"approved": 1}))
+        ]
+    );
+    let idle = photos["not_contributing"].as_array().unwrap();
+    let why: Vec<(&str, &str)> = idle
+        .iter()
+        .map(|i| {
+            (
+                i["content_id"].as_str().unwrap(),
+                i["why"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(why.len(), 2, "{idle:?}");
+    assert_eq!(why[0].0, "photo-4");
+    assert!(why[0].1.contains("did not pass"), "{}", why[0].1);
+    assert_eq!(why[1], ("photo-3", "excluded by filter StatusFilter"));
+    assert_eq!(idle[1]["event_id"], "e-4");
+
+    let reviews = &body["objectives"][1];
+    assert_eq!(reviews["counters"], json!({"count": 1}));
+    let keys: Vec<&Value> = reviews["contributing"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| &i["dedup_key"])
+        .collect();
+    assert_eq!(keys.len(), 2);
+    assert!(
+        keys.iter().all(|k| *k == keys[0] && !k.is_null()),
+        "{keys:?}"
+    );
+    // Reviews never show under photos, nor photos under reviews.
+    assert!(
+        reviews["not_contributing"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|i| i["source"] == "reviews")
+    );
+
+    // The award's recent log, newest first; the block names the filter.
+    // (The test's marker events reach the review rule, which refuses them
+    // for want of a content item; e-7 changed nothing: same object as e-6.)
+    let recent = body["recent_events"].as_array().unwrap();
+    let marker = &recent[0];
+    assert!(marker["event_id"].as_str().unwrap().starts_with("marker-"));
+    assert_eq!(
+        (marker["outcome"].as_str(), marker["reason"].as_str()),
+        (
+            Some("rejected"),
+            Some(
+                "rule ReviewUniqueByObjectRule: event has no content_id: a review is a content item"
+            )
+        )
+    );
+    let events: Vec<&str> = recent
+        .iter()
+        .filter_map(|e| e["event_id"].as_str())
+        .filter(|id| id.starts_with("e-"))
+        .collect();
+    assert_eq!(events, ["e-6", "e-4", "e-3", "e-2", "e-1"]);
+    let blocked = recent.iter().find(|e| e["event_id"] == "e-4").unwrap();
+    assert_eq!(blocked["deltas"]["active-photos"]["photos"]["approved"], -1);
+    assert_eq!(
+        blocked["reason"],
+        "active-photos/photos: excluded by filter StatusFilter"
+    );
+    let few = server
+        .admin(
+            "GET",
+            "/users/u-7/awards/active-photos/explain?events=1",
+            None,
+        )
+        .await;
+    assert_eq!(few.body["recent_events"].as_array().unwrap().len(), 1);
+    assert_eq!(
+        few.body["objectives"][0]["not_contributing"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+
+    let missing = server
+        .admin("GET", "/users/u-7/awards/nope/explain", None)
+        .await;
+    assert_eq!(
+        (missing.status, error_text(&missing)),
+        (404, "award nope not found (or not enabled)")
+    );
+    let bad = server
+        .admin(
+            "GET",
+            "/users/u-7/awards/active-photos/explain?events=0",
+            None,
+        )
+        .await;
+    assert_eq!(bad.status, 400);
+    let anonymous = server
+        .get("/admin/v1/users/u-7/awards/active-photos/explain", None)
+        .await;
+    assert_eq!(anonymous.status, 401);
+    drop(server);
+    p.stop().await;
 }

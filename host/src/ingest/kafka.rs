@@ -40,10 +40,18 @@ impl LocalBroker {
 
     /// Creates a topic with `partitions` partitions (the mock broker also
     /// creates topics on first use, with 4).
+    /// One that exists already is left as it is.
     pub fn create_topic(&self, topic: &str, partitions: i32) -> anyhow::Result<()> {
-        self.cluster
-            .create_topic(topic, partitions, 1)
-            .map_err(|e| anyhow::anyhow!("failed to create topic {topic}: {e}"))
+        match self.cluster.create_topic(topic, partitions, 1) {
+            Ok(()) => Ok(()),
+            Err(e)
+                if e.rdkafka_error_code()
+                    == Some(rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(anyhow::anyhow!("failed to create topic {topic}: {e}")),
+        }
     }
 }
 

@@ -40,9 +40,28 @@ fn main() {
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").unwrap());
     let target_dir = guest_target_dir(&out_dir);
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut command = guest_build(&cargo, &root, &target_dir);
+    for guest in GUESTS {
+        command.args(["-p", guest]);
+    }
+    run(command);
+    // HTTP functions (spin-sdk) are a workspace of their own.
+    let mut command = guest_build(&cargo, &root, &target_dir);
+    command
+        .arg("--manifest-path")
+        .arg(root.join("functions/http/Cargo.toml"));
+    run(command);
+    let wasm_dir = target_dir.join("wasm32-wasip2").join("guest");
+    println!("cargo:rustc-env=LAUREL_GUEST_DIR={}", wasm_dir.display());
+
+    write_migrations(&root.join("migrations"), &out_dir.join("migrations.rs"));
+}
+
+/// `cargo build` of guests for wasm32-wasip2 into `target_dir`.
+fn guest_build(cargo: &str, root: &Path, target_dir: &Path) -> Command {
     let mut command = Command::new(cargo);
     command
-        .current_dir(&root)
+        .current_dir(root)
         .args([
             "build",
             "--quiet",
@@ -52,10 +71,7 @@ fn main() {
             "guest",
         ])
         .arg("--target-dir")
-        .arg(&target_dir);
-    for guest in GUESTS {
-        command.args(["-p", guest]);
-    }
+        .arg(target_dir);
     // What the outer build set for the host must not leak into the guests.
     for var in [
         "CARGO_ENCODED_RUSTFLAGS",
@@ -68,6 +84,10 @@ fn main() {
     ] {
         command.env_remove(var);
     }
+    command
+}
+
+fn run(mut command: Command) {
     let status = command
         .status()
         .expect("failed to run cargo to build the guest components");
@@ -77,10 +97,6 @@ fn main() {
              Is the target installed? `rustup target add wasm32-wasip2`"
         );
     }
-    let wasm_dir = target_dir.join("wasm32-wasip2").join("guest");
-    println!("cargo:rustc-env=LAUREL_GUEST_DIR={}", wasm_dir.display());
-
-    write_migrations(&root.join("migrations"), &out_dir.join("migrations.rs"));
 }
 
 /// `<target>/guest`, from OUT_DIR = `<target>/<profile>/build/<pkg>-<hash>/out`

@@ -21,6 +21,17 @@ macro_rules! guest {
     };
 }
 
+/// The built-in HTTP functions, by the file name spin.toml's `source`
+/// gives them: served when that file is not there (a `laurel` binary
+/// carries them; `spin build` makes the files).
+pub fn http_builtin(file: &str) -> Option<&'static [u8]> {
+    match file {
+        "progress_badge.wasm" => Some(guest!("progress_badge")),
+        "ingest_adapter.wasm" => Some(guest!("ingest_adapter")),
+        _ => None,
+    }
+}
+
 pub const BUILTINS: &[Builtin] = &[
     Builtin {
         name: "SourceFilter",

@@ -96,6 +96,42 @@ pub fn producer(brokers: &str) -> anyhow::Result<FutureProducer> {
         .map_err(|e| anyhow::anyhow!("failed to create a Kafka producer for {brokers}: {e}"))
 }
 
+/// Puts events on topics for code outside ingest (HTTP functions), so
+/// rdkafka stays here.
+pub struct EventPublisher {
+    producer: FutureProducer,
+}
+
+impl EventPublisher {
+    pub fn new(brokers: &str) -> anyhow::Result<EventPublisher> {
+        Ok(EventPublisher {
+            producer: producer(brokers)?,
+        })
+    }
+
+    /// Publishes `(key, payload)` messages to `topic`, waiting until the
+    /// broker acknowledged every one.
+    pub async fn publish_all(
+        &self,
+        topic: &str,
+        messages: &[(String, String)],
+    ) -> anyhow::Result<()> {
+        let sends = messages.iter().map(|(key, payload)| {
+            publish(
+                &self.producer,
+                topic,
+                Some(key.as_bytes()),
+                payload.as_bytes(),
+                &[],
+            )
+        });
+        for result in futures_util::future::join_all(sends).await {
+            result?;
+        }
+        Ok(())
+    }
+}
+
 /// Publishes one message and waits for the broker to acknowledge it.
 pub async fn publish(
     producer: &FutureProducer,

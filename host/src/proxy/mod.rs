@@ -39,6 +39,9 @@
 //! re-checker puts eligible members back if Redis lost them.
 
 pub mod candidates;
+mod kv;
+
+pub use kv::KvFailure;
 
 use std::time::Duration;
 

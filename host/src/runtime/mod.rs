@@ -16,6 +16,7 @@ mod bindings;
 mod cache;
 mod event;
 mod guest_output;
+pub mod http;
 mod instance;
 
 use std::fmt;

@@ -1,0 +1,586 @@
+//! HTTP functions: the components `spin.toml` routes requests to, served
+//! with wasmtime-wasi-http. A component exports either
+//! `wasi:http/handler@0.3.0` (spin-sdk 7, WASIp3) or
+//! `wasi:http/incoming-handler@0.2.x` (older spin-sdk, WASIp2).
+//!
+//! Each request gets a fresh instance (no state leaks between users) under
+//! a deadline and a memory limit; a trap, a timeout or an over-limit body
+//! is that request's error, never the server's. Outbound requests go only
+//! to the component's `allowed_outbound_hosts`. The imports a component may
+//! have are WASI (p2 and p3), `wasi:http`, Spin's variables and key-value
+//! (`spin:*@3.0.0`, `fermyon:spin/*@2.0.0`) and Laurel's own
+//! `laurel:http` interfaces; anything else is refused at load, naming the
+//! import.
+
+mod host;
+pub mod manifest;
+
+pub use host::{HttpServices, KvError, ProgressError};
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use wasmtime::component::{Component, Linker, ResourceTable};
+use wasmtime::{Config, Engine, Store};
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+use wasmtime_wasi_http::p2::bindings::http::types::Scheme;
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpHooks, WasiHttpView};
+
+use self::manifest::{ComponentSpec, Manifest, OutboundHost};
+use super::MemoryLimiter;
+use super::guest_output::GuestOutput;
+
+/// Limits of one request to an HTTP function.
+#[derive(Debug, Clone)]
+pub struct HttpLimits {
+    /// From the request's arrival to the last byte of the response.
+    pub timeout: Duration,
+    pub memory_bytes: usize,
+    /// Largest request body passed in, and response body passed out.
+    pub max_body_bytes: usize,
+}
+
+impl Default for HttpLimits {
+    fn default() -> HttpLimits {
+        HttpLimits {
+            timeout: Duration::from_secs(10),
+            memory_bytes: 64 << 20,
+            max_body_bytes: 1 << 20,
+        }
+    }
+}
+
+/// Why a request to an HTTP function got no response from it.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpFunctionError {
+    #[error("the request body is over the limit of {0} bytes")]
+    RequestTooLarge(usize),
+    #[error("component {component} did not answer within {timeout:?}")]
+    Timeout {
+        component: String,
+        timeout: Duration,
+    },
+    #[error("component {component} failed: {reason}")]
+    Failed { component: String, reason: String },
+    #[error("component {component} answered with a body over the limit of {limit} bytes")]
+    ResponseTooLarge { component: String, limit: usize },
+}
+
+/// Loading a manifest's components failed.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct LoadError(pub String);
+
+/// The served components of one manifest.
+pub struct HttpFunctions {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    engine: Engine,
+    app: Arc<str>,
+    services: Arc<dyn HttpServices>,
+    manifest: Manifest,
+    components: HashMap<String, Served>,
+    limits: HttpLimits,
+}
+
+struct Served {
+    spec: Arc<ComponentSpec>,
+    variables: Arc<HashMap<String, String>>,
+    stores: Arc<Vec<String>>,
+    pre: Pre,
+}
+
+enum Pre {
+    P3(wasmtime_wasi_http::p3::bindings::ServicePre<HttpState>),
+    P2(wasmtime_wasi_http::p2::bindings::ProxyPre<HttpState>),
+}
+
+impl Pre {
+    fn world(&self) -> &'static str {
+        match self {
+            Pre::P3(_) => "wasi:http/handler@0.3.0",
+            Pre::P2(_) => "wasi:http/incoming-handler@0.2",
+        }
+    }
+}
+
+const TICK: Duration = Duration::from_millis(5);
+
+impl HttpFunctions {
+    /// Compiles and links every component of `manifest`. `fallback` finds
+    /// a component's bytes when its `source` file does not exist (the
+    /// built-in HTTP functions embedded in the binary, by file name).
+    pub fn load(
+        manifest: Manifest,
+        limits: HttpLimits,
+        services: Arc<dyn HttpServices>,
+        fallback: &dyn Fn(&str) -> Option<&'static [u8]>,
+    ) -> Result<HttpFunctions, LoadError> {
+        let mut config = Config::new();
+        config.epoch_interruption(true);
+        config.wasm_component_model_async(true);
+        let engine =
+            Engine::new(&config).map_err(|e| LoadError(format!("the Wasm engine: {e}")))?;
+        let linker = linker(&engine)?;
+        let mut components = HashMap::new();
+        for (id, spec) in &manifest.components {
+            let path: PathBuf = manifest.dir.join(&spec.source);
+            let bytes: std::borrow::Cow<'static, [u8]> = match std::fs::read(&path) {
+                Ok(bytes) => bytes.into(),
+                Err(error) => {
+                    let file = spec
+                        .source
+                        .file_name()
+                        .map(|f| f.to_string_lossy().into_owned())
+                        .unwrap_or_default();
+                    match fallback(&file) {
+                        Some(bytes) => bytes.into(),
+                        None => {
+                            return Err(LoadError(format!(
+                                "component `{id}`: cannot read {}: {error}",
+                                path.display()
+                            )));
+                        }
+                    }
+                }
+            };
+            let component = Component::new(&engine, &bytes).map_err(|e| {
+                LoadError(format!(
+                    "component `{id}` ({}) is not a valid component: {e}",
+                    path.display()
+                ))
+            })?;
+            let pre = linker.instantiate_pre(&component).map_err(|e| {
+                LoadError(format!(
+                    "component `{id}` cannot be served: {}",
+                    import_problem(&e)
+                ))
+            })?;
+            let pre = match wasmtime_wasi_http::p3::bindings::ServicePre::new(pre.clone()) {
+                Ok(pre) => Pre::P3(pre),
+                Err(_) => match wasmtime_wasi_http::p2::bindings::ProxyPre::new(pre) {
+                    Ok(pre) => Pre::P2(pre),
+                    Err(_) => {
+                        return Err(LoadError(format!(
+                            "component `{id}` exports neither wasi:http/handler@0.3.0 nor wasi:http/incoming-handler@0.2: it is not an HTTP component"
+                        )));
+                    }
+                },
+            };
+            tracing::info!(message = "HTTP function loaded.", component = %id, world = pre.world());
+            components.insert(
+                id.clone(),
+                Served {
+                    spec: Arc::new(spec.clone()),
+                    variables: Arc::new(spec.variables.clone()),
+                    stores: Arc::new(spec.key_value_stores.clone()),
+                    pre,
+                },
+            );
+        }
+        let inner = Arc::new(Inner {
+            engine,
+            app: manifest.name.as_str().into(),
+            services,
+            manifest,
+            components,
+            limits,
+        });
+        spawn_epoch_ticker(Arc::downgrade(&inner));
+        Ok(HttpFunctions { inner })
+    }
+
+    pub fn manifest(&self) -> &Manifest {
+        &self.inner.manifest
+    }
+
+    /// Whether some route serves `path`.
+    pub fn serves(&self, path: &str) -> bool {
+        self.inner.manifest.route(path).is_some()
+    }
+
+    /// Runs the component routed to by `request`'s path; `None` if no
+    /// route matches. `client` is the peer's address, if known.
+    pub async fn handle(
+        &self,
+        request: http::Request<Bytes>,
+        client: Option<std::net::SocketAddr>,
+    ) -> Option<Result<http::Response<Bytes>, HttpFunctionError>> {
+        let path = request.uri().path().to_string();
+        let (route, params) = self.inner.manifest.route(&path)?;
+        let served = self.inner.components.get(&route.component)?;
+        let component = route.component.clone();
+        let limits = &self.inner.limits;
+        if request.body().len() > limits.max_body_bytes {
+            return Some(Err(HttpFunctionError::RequestTooLarge(
+                limits.max_body_bytes,
+            )));
+        }
+        let request = with_spin_headers(request, &route.pattern, &params, client);
+        let run = self.run(served, request);
+        Some(match tokio::time::timeout(limits.timeout, run).await {
+            Ok(result) => result.map_err(|reason| match reason {
+                Failure::Trap(reason) => HttpFunctionError::Failed {
+                    component: component.clone(),
+                    reason,
+                },
+                Failure::TooLarge => HttpFunctionError::ResponseTooLarge {
+                    component: component.clone(),
+                    limit: limits.max_body_bytes,
+                },
+                Failure::OutOfTime => HttpFunctionError::Timeout {
+                    component: component.clone(),
+                    timeout: limits.timeout,
+                },
+            }),
+            Err(_) => Err(HttpFunctionError::Timeout {
+                component,
+                timeout: limits.timeout,
+            }),
+        })
+    }
+
+    async fn run(
+        &self,
+        served: &Served,
+        request: http::Request<Bytes>,
+    ) -> Result<http::Response<Bytes>, Failure> {
+        let inner = &self.inner;
+        let stderr = GuestOutput::new(2048);
+        let spin = host::SpinCtx {
+            app: inner.app.clone(),
+            variables: served.variables.clone(),
+            stores: served.stores.clone(),
+            services: inner.services.clone(),
+        };
+        let state = HttpState::new(
+            &served.spec,
+            spin,
+            inner.limits.memory_bytes,
+            stderr.clone(),
+        );
+        let mut store = Store::new(&inner.engine, state);
+        store.limiter(|s| &mut s.limiter);
+        let ticks = (inner.limits.timeout.as_millis() / TICK.as_millis()).max(1) as u64 + 1;
+        store.set_epoch_deadline(ticks);
+        store.epoch_deadline_trap();
+        let fail = |error: wasmtime::Error| {
+            let trap = error
+                .chain()
+                .find_map(|e| e.downcast_ref::<wasmtime::Trap>())
+                .copied();
+            if trap == Some(wasmtime::Trap::Interrupt) {
+                Failure::OutOfTime
+            } else {
+                Failure::Trap(describe(&error, &stderr))
+            }
+        };
+        let limit = inner.limits.max_body_bytes;
+        let request = request.map(Full::new);
+        match &served.pre {
+            Pre::P3(pre) => {
+                let service = pre.instantiate_async(&mut store).await.map_err(fail)?;
+                let (request, io) = wasmtime_wasi_http::p3::Request::from_http(
+                    &mut store.data_mut().hooks,
+                    request,
+                );
+                store
+                    .run_concurrent(async |store| {
+                        let response = match service.handle(store, request).await? {
+                            Ok(response) => response,
+                            Err(code) => {
+                                return Ok(Err(Failure::Trap(format!(
+                                    "it answered with an error: {code:?}"
+                                ))));
+                            }
+                        };
+                        let response =
+                            store.with(|store| response.into_http(store, async { Ok(()) }))?;
+                        let (parts, body) = response.into_parts();
+                        let body = collect(body, limit).await;
+                        // The request body was handed over whole: nothing
+                        // left to report on it.
+                        drop(io);
+                        wasmtime::error::Ok(body.map(|b| http::Response::from_parts(parts, b)))
+                    })
+                    .await
+                    .map_err(fail)?
+                    .map_err(fail)?
+            }
+            Pre::P2(pre) => {
+                let (sender, receiver) = tokio::sync::oneshot::channel();
+                let incoming = store
+                    .data_mut()
+                    .http()
+                    .new_incoming_request(Scheme::Http, request)
+                    .map_err(fail)?;
+                let out = store
+                    .data_mut()
+                    .http()
+                    .new_response_outparam(sender)
+                    .map_err(fail)?;
+                let pre = pre.clone();
+                let task = tokio::spawn(async move {
+                    let proxy = pre.instantiate_async(&mut store).await?;
+                    proxy
+                        .wasi_http_incoming_handler()
+                        .call_handle(&mut store, incoming, out)
+                        .await
+                });
+                match receiver.await {
+                    Ok(Ok(response)) => {
+                        let (parts, body) = response.into_parts();
+                        let body = collect(body, limit).await?;
+                        Ok(http::Response::from_parts(parts, body))
+                    }
+                    Ok(Err(code)) => Err(Failure::Trap(format!(
+                        "it answered with an error: {code:?}"
+                    ))),
+                    Err(_) => Err(match task.await {
+                        Ok(Ok(())) => Failure::Trap("it returned without a response".into()),
+                        Ok(Err(error)) => fail(error),
+                        Err(error) => Failure::Trap(format!("its task failed: {error}")),
+                    }),
+                }
+            }
+        }
+    }
+}
+
+enum Failure {
+    Trap(String),
+    /// The epoch deadline interrupted it (a loop).
+    OutOfTime,
+    TooLarge,
+}
+
+/// Reads a response body, up to `limit` bytes.
+async fn collect(body: wasmtime_wasi_http::WasiBody, limit: usize) -> Result<Bytes, Failure> {
+    let limited = http_body_util::Limited::new(body, limit);
+    match limited.collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(error) if error.is::<http_body_util::LengthLimitError>() => Err(Failure::TooLarge),
+        Err(error) => Err(Failure::Trap(format!("its response body failed: {error}"))),
+    }
+}
+
+/// A trap's reason, with what the guest wrote to stderr (a panic message).
+fn describe(error: &wasmtime::Error, stderr: &GuestOutput) -> String {
+    let mut reason = match error
+        .chain()
+        .find_map(|e| e.downcast_ref::<wasmtime::Trap>())
+    {
+        Some(trap) => trap.to_string(),
+        None => error.root_cause().to_string(),
+    };
+    let written = stderr.take();
+    if !written.is_empty() {
+        reason.push_str("; it wrote: ");
+        reason.push_str(written.trim_end());
+    }
+    reason
+}
+
+/// The linker error for a missing import, reduced to the import's name.
+fn import_problem(error: &wasmtime::Error) -> String {
+    let text = format!("{error:#}");
+    match text.split('`').nth(1) {
+        Some(name) if text.contains("matching implementation was not found") => format!(
+            "it imports `{name}`, which Laurel does not provide (HTTP functions may import WASI, wasi:http, spin:variables, spin:key-value and laurel:http)"
+        ),
+        _ => text,
+    }
+}
+
+/// Spin's request headers: the full URL, the matched route and the rest of
+/// the path, and each route parameter as `spin-path-match-<name>`.
+fn with_spin_headers(
+    request: http::Request<Bytes>,
+    pattern: &str,
+    params: &[(String, String)],
+    client: Option<std::net::SocketAddr>,
+) -> http::Request<Bytes> {
+    let (mut parts, body) = request.into_parts();
+    let host = parts
+        .headers
+        .get(http::header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("localhost")
+        .to_string();
+    let path_and_query = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| "/".into());
+    let full = format!("http://{host}{path_and_query}");
+    if let Ok(uri) = full.parse::<http::Uri>() {
+        parts.uri = uri;
+    }
+    let route_prefix = pattern.strip_suffix("/...").unwrap_or(pattern);
+    let path = parts.uri.path().to_string();
+    let matched = route_prefix.split('/').filter(|s| !s.is_empty()).count();
+    let rest: String = path
+        .split('/')
+        .filter(|s| !s.is_empty())
+        .skip(matched)
+        .map(|s| format!("/{s}"))
+        .collect();
+    let mut set = |name: String, value: &str| {
+        if let (Ok(name), Ok(value)) = (
+            http::HeaderName::try_from(name),
+            http::HeaderValue::from_str(value),
+        ) {
+            parts.headers.insert(name, value);
+        }
+    };
+    set("spin-full-url".into(), &full);
+    set("spin-matched-route".into(), pattern);
+    set("spin-raw-component-route".into(), pattern);
+    set("spin-component-route".into(), route_prefix);
+    set("spin-base-path".into(), "/");
+    set("spin-path-info".into(), &rest);
+    if let Some(client) = client {
+        set("spin-client-addr".into(), &client.to_string());
+    }
+    for (name, value) in params {
+        set(format!("spin-path-match-{name}"), value);
+    }
+    http::Request::from_parts(parts, body)
+}
+
+fn linker(engine: &Engine) -> Result<Linker<HttpState>, LoadError> {
+    let mut linker = Linker::new(engine);
+    let fail = |what: &str, e: wasmtime::Error| LoadError(format!("linking {what}: {e}"));
+    wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(|e| fail("WASIp2", e))?;
+    wasmtime_wasi::p3::add_to_linker(&mut linker).map_err(|e| fail("WASIp3", e))?;
+    wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)
+        .map_err(|e| fail("wasi:http@0.2", e))?;
+    wasmtime_wasi_http::p3::add_to_linker(&mut linker).map_err(|e| fail("wasi:http@0.3", e))?;
+    host::add_to_linker(&mut linker).map_err(|e| fail("Spin and Laurel interfaces", e))?;
+    Ok(linker)
+}
+
+/// What one request's store holds.
+pub(crate) struct HttpState {
+    table: ResourceTable,
+    wasi: WasiCtx,
+    http: WasiHttpCtx,
+    hooks: Outbound,
+    limiter: MemoryLimiter,
+    spin: host::SpinCtx,
+}
+
+impl HttpState {
+    fn spin_view(&mut self) -> host::SpinView<'_> {
+        host::SpinView::new(&self.spin, &mut self.table)
+    }
+}
+
+impl HttpState {
+    fn new(
+        spec: &Arc<ComponentSpec>,
+        spin: host::SpinCtx,
+        memory_bytes: usize,
+        stderr: GuestOutput,
+    ) -> HttpState {
+        // No environment, arguments or files; stderr is kept for errors.
+        let wasi = WasiCtx::builder().stderr(stderr).build();
+        HttpState {
+            table: ResourceTable::new(),
+            wasi,
+            http: WasiHttpCtx::new(),
+            hooks: Outbound {
+                component: spec.id.clone(),
+                allowed: spec.allowed_outbound_hosts.clone(),
+            },
+            limiter: MemoryLimiter {
+                limit: memory_bytes,
+            },
+            spin,
+        }
+    }
+}
+
+impl WasiView for HttpState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl WasiHttpView for HttpState {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView {
+            ctx: &mut self.http,
+            table: &mut self.table,
+            hooks: &mut self.hooks,
+        }
+    }
+}
+
+/// Outbound requests: only to the component's allowed hosts.
+struct Outbound {
+    component: String,
+    allowed: Vec<OutboundHost>,
+}
+
+type SendResult = Box<
+    dyn Future<
+            Output = Result<
+                (
+                    http::Response<wasmtime_wasi_http::WasiBody>,
+                    Box<dyn Future<Output = Result<(), wasmtime_wasi_http::Error>> + Send>,
+                ),
+                wasmtime_wasi_http::Error,
+            >,
+        > + Send,
+>;
+
+impl WasiHttpHooks for Outbound {
+    fn send_request(
+        &mut self,
+        request: http::Request<wasmtime_wasi_http::WasiBody>,
+        options: Option<wasmtime_wasi_http::RequestOptions>,
+        fut: Box<dyn Future<Output = Result<(), wasmtime_wasi_http::Error>> + Send>,
+    ) -> SendResult {
+        let _ = fut;
+        let uri = request.uri();
+        let scheme = uri.scheme_str().unwrap_or("https").to_ascii_lowercase();
+        let host = uri.host().unwrap_or_default().to_ascii_lowercase();
+        let port = uri
+            .port_u16()
+            .unwrap_or(if scheme == "http" { 80 } else { 443 });
+        if !self.allowed.iter().any(|h| h.allows(&scheme, &host, port)) {
+            tracing::warn!(message = "HTTP function's outbound request refused: host not in allowed_outbound_hosts.", component = %self.component, url = %uri);
+            return Box::new(async { Err(wasmtime_wasi_http::Error::HttpRequestDenied) });
+        }
+        Box::new(async move {
+            let (response, io) = wasmtime_wasi_http::default_send_request(request, options).await?;
+            Ok((
+                response.map(BodyExt::boxed_unsync),
+                Box::new(io) as Box<dyn Future<Output = _> + Send>,
+            ))
+        })
+    }
+}
+
+fn spawn_epoch_ticker(inner: Weak<Inner>) {
+    std::thread::Builder::new()
+        .name("laurel-http-epoch".into())
+        .spawn(move || {
+            while let Some(inner) = inner.upgrade() {
+                inner.engine.increment_epoch();
+                drop(inner);
+                std::thread::sleep(TICK);
+            }
+        })
+        .expect("failed to spawn the HTTP functions' epoch ticker thread");
+}

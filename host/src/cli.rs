@@ -941,6 +941,23 @@ async fn run_roles(
             registry.clone(),
             catalog.clone(),
         ));
+        if let Some(path) = settings.spin_manifest() {
+            let manifest =
+                crate::runtime::http::manifest::load(&path, &|name| std::env::var(name).ok())
+                    .map_err(anyhow::Error::msg)?;
+            let routes: Vec<String> = manifest
+                .routes
+                .iter()
+                .map(|r| format!("{} -> {}", r.pattern, r.component))
+                .collect();
+            state
+                .serve_functions(manifest, settings.http_limits())
+                .with_context(|| format!("cannot serve {}", path.display()))?;
+            println!("HTTP functions from {}:", path.display());
+            for route in routes {
+                println!("  {route}");
+            }
+        }
         let stopped = until_stopped(stopped.clone());
         running.push(Box::pin(async move {
             ("api", crate::api::run(listener, state, stopped).await)

@@ -191,6 +191,21 @@ pub struct Settings {
     )]
     pub http_max_body_bytes: usize,
 
+    /// The Spin manifest whose HTTP routes `laurel up` serves (unset:
+    /// `spin.toml` in the working directory, if there is one).
+    #[arg(long, global = true, env = "LAUREL_SPIN_MANIFEST")]
+    pub spin_manifest: Option<std::path::PathBuf>,
+
+    /// One request to an HTTP function: its time limit, in milliseconds,
+    /// from arrival to the last byte of the response.
+    #[arg(
+        long,
+        global = true,
+        env = "LAUREL_HTTP_FUNCTION_TIMEOUT_MS",
+        default_value_t = 10_000
+    )]
+    pub http_function_timeout_ms: u64,
+
     /// One webhook request's time limit, in milliseconds.
     #[arg(
         long,
@@ -234,6 +249,28 @@ impl Settings {
             redis_url: self.redis_url.clone(),
             kafka_brokers: brokers.filter(|b| !b.is_empty()).map(str::to_string),
             ..ApiSettings::new(&self.database_url)
+        }
+    }
+
+    /// The Spin manifest to serve, if any: the one named, or `spin.toml`
+    /// here if it exists.
+    pub fn spin_manifest(&self) -> Option<std::path::PathBuf> {
+        match &self.spin_manifest {
+            Some(path) => Some(path.clone()),
+            None => {
+                let here = std::path::PathBuf::from("spin.toml");
+                here.exists().then_some(here)
+            }
+        }
+    }
+
+    /// Limits of HTTP functions: their own time limit, the functions'
+    /// memory limit, the API's body limit.
+    pub fn http_limits(&self) -> crate::runtime::http::HttpLimits {
+        crate::runtime::http::HttpLimits {
+            timeout: Duration::from_millis(self.http_function_timeout_ms.max(1)),
+            memory_bytes: self.function_memory_mib << 20,
+            max_body_bytes: self.http_max_body_bytes.max(1),
         }
     }
 

@@ -35,6 +35,12 @@ pub enum ApiError {
     /// A backing service (PostgreSQL, Redis, Kafka) is not answering.
     #[error("{0}")]
     Unavailable(String),
+    /// An HTTP function failed (trapped, answered with an error).
+    #[error("{0}")]
+    BadGateway(String),
+    /// An HTTP function did not answer in time.
+    #[error("{0}")]
+    GatewayTimeout(String),
     #[error(transparent)]
     Unexpected(#[from] anyhow::Error),
 }
@@ -59,6 +65,8 @@ impl ApiError {
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::Unprocessable { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::BadGateway(_) => StatusCode::BAD_GATEWAY,
+            ApiError::GatewayTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
             ApiError::Unexpected(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -73,6 +81,19 @@ impl From<crate::store::StoreError> for ApiError {
                 ApiError::Unavailable(error.to_string())
             }
             other => ApiError::Unexpected(other.into()),
+        }
+    }
+}
+
+impl From<crate::runtime::http::HttpFunctionError> for ApiError {
+    fn from(error: crate::runtime::http::HttpFunctionError) -> Self {
+        use crate::runtime::http::HttpFunctionError;
+        match error {
+            HttpFunctionError::RequestTooLarge(_) => ApiError::PayloadTooLarge(error.to_string()),
+            HttpFunctionError::Timeout { .. } => ApiError::GatewayTimeout(error.to_string()),
+            HttpFunctionError::Failed { .. } | HttpFunctionError::ResponseTooLarge { .. } => {
+                ApiError::BadGateway(error.to_string())
+            }
         }
     }
 }

@@ -12,6 +12,7 @@ mod error;
 mod explain;
 mod progress;
 mod public;
+mod services;
 
 pub use auth::{Secret, mint_user_token, random_secret};
 pub use error::ApiError;
@@ -34,6 +35,8 @@ use tracing::info;
 use crate::catalog::Catalog;
 use crate::proxy::ProxyPools;
 use crate::registry::Registry;
+use crate::runtime::http::manifest::Manifest;
+use crate::runtime::http::{HttpFunctions, HttpLimits};
 use crate::store::{PooledStore, StorePool};
 
 /// The API's settings (see `Settings::api`).
@@ -84,6 +87,9 @@ pub struct AppState {
     /// away (the manager reconnects by itself afterwards).
     proxies: tokio::sync::OnceCell<ProxyPools>,
     zero: progress::ZeroProgress,
+    /// The components `spin.toml` routes to, served for paths no Laurel
+    /// route takes.
+    functions: std::sync::OnceLock<Arc<HttpFunctions>>,
 }
 
 impl AppState {
@@ -95,7 +101,45 @@ impl AppState {
             catalog,
             proxies: tokio::sync::OnceCell::new(),
             zero: progress::ZeroProgress::default(),
+            functions: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Loads the components of `manifest` and serves them on its routes
+    /// (paths Laurel's own routes do not take). Once per state.
+    pub fn serve_functions(
+        self: &Arc<Self>,
+        manifest: Manifest,
+        limits: HttpLimits,
+    ) -> anyhow::Result<()> {
+        for route in &manifest.routes {
+            let prefix = route.pattern.trim_end_matches("/...");
+            for own in ["/v1", "/admin", "/healthz", "/metrics", "/openapi.json"] {
+                // A catch-all (`/...`) only gets what Laurel's routes leave.
+                let overlaps = !prefix.is_empty()
+                    && (prefix == own
+                        || prefix.starts_with(&format!("{own}/"))
+                        || own.starts_with(&format!("{prefix}/")));
+                if overlaps {
+                    anyhow::bail!(
+                        "spin.toml route `{}` (component `{}`) overlaps Laurel's own {own}",
+                        route.pattern,
+                        route.component
+                    );
+                }
+            }
+        }
+        let services =
+            services::Services::new(Arc::downgrade(self), self.settings.kafka_brokers.as_deref())?;
+        let functions = HttpFunctions::load(
+            manifest,
+            limits,
+            Arc::new(services),
+            &crate::library::http_builtin,
+        )?;
+        self.functions
+            .set(Arc::new(functions))
+            .map_err(|_| anyhow::anyhow!("HTTP functions are already being served"))
     }
 
     async fn store(&self) -> Result<PooledStore<'_>, ApiError> {
@@ -127,7 +171,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/healthz", get(healthz))
         .route("/openapi.json", get(openapi))
         .route("/metrics", get(metrics))
-        .fallback(no_route)
+        .fallback(http_function)
         .method_not_allowed_fallback(wrong_method)
         .with_state(state)
 }
@@ -234,6 +278,37 @@ async fn healthz(State(state): State<Arc<AppState>>) -> Response {
         axum::Json(json!({"status": if healthy { "ok" } else { "unavailable" }, "checks": checks})),
     )
         .into_response()
+}
+
+/// A path no Laurel route takes: an HTTP function's, if `spin.toml`
+/// routes it to one, else 404.
+async fn http_function(State(state): State<Arc<AppState>>, request: Request) -> Response {
+    let Some(functions) = state
+        .functions
+        .get()
+        .filter(|f| f.serves(request.uri().path()))
+    else {
+        return no_route(request).await.into_response();
+    };
+    let limit = state.settings.max_body_bytes;
+    let (parts, body) = request.into_parts();
+    let bytes = match axum::body::to_bytes(body, limit).await {
+        Ok(bytes) => bytes,
+        Err(_) => {
+            return ApiError::PayloadTooLarge(format!(
+                "the request body is over the limit of {limit} bytes"
+            ))
+            .into_response();
+        }
+    };
+    match functions
+        .handle(axum::http::Request::from_parts(parts, bytes), None)
+        .await
+    {
+        Some(Ok(response)) => response.map(axum::body::Body::from).into_response(),
+        Some(Err(error)) => ApiError::from(error).into_response(),
+        None => ApiError::NotFound("no route".into()).into_response(),
+    }
 }
 
 /// This process's counters and histograms, and each source's consumer lag

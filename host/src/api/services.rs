@@ -1,0 +1,179 @@
+//! What Laurel gives its HTTP functions (`laurel:http` and Spin's
+//! key-value): publishing events, reading progress, key-value stores.
+
+use std::sync::{Arc, Weak};
+
+use futures_util::future::BoxFuture;
+
+use super::progress::{Audience, user_awards};
+use super::{ApiError, AppState};
+use crate::event::Envelope;
+use crate::ingest::EventPublisher;
+use crate::runtime::http::{HttpServices, KvError, ProgressError};
+
+/// Most events one `publish` call takes.
+const MAX_PUBLISH: usize = 1000;
+
+pub struct Services {
+    /// Weak: the state owns the functions, which own these services.
+    state: Weak<AppState>,
+    publisher: Option<Arc<EventPublisher>>,
+}
+
+impl Services {
+    pub fn new(state: Weak<AppState>, brokers: Option<&str>) -> anyhow::Result<Services> {
+        Ok(Services {
+            state,
+            publisher: brokers.map(EventPublisher::new).transpose()?.map(Arc::new),
+        })
+    }
+
+    fn state(&self) -> Result<Arc<AppState>, String> {
+        self.state
+            .upgrade()
+            .ok_or_else(|| "Laurel is shutting down".to_string())
+    }
+}
+
+impl HttpServices for Services {
+    fn publish(
+        &self,
+        source: String,
+        events: Vec<String>,
+    ) -> BoxFuture<'static, Result<u32, String>> {
+        let (state, publisher) = (self.state(), self.publisher.clone());
+        Box::pin(async move {
+            let state = state?;
+            let Some(publisher) = publisher else {
+                return Err("this process has no Kafka brokers configured".to_string());
+            };
+            if events.is_empty() || events.len() > MAX_PUBLISH {
+                return Err(format!(
+                    "publish 1 to {MAX_PUBLISH} events, not {}",
+                    events.len()
+                ));
+            }
+            let mut messages = Vec::with_capacity(events.len());
+            for (index, text) in events.into_iter().enumerate() {
+                let envelope = Envelope::parse(text.as_bytes())
+                    .map_err(|e| format!("event {index} is not a valid event: {e}"))?;
+                if envelope.source != source {
+                    return Err(format!(
+                        "event {index} has source `{}`, not `{source}`",
+                        envelope.source
+                    ));
+                }
+                messages.push((envelope.user_id, text));
+            }
+            let store = state.store().await.map_err(|e| e.to_string())?;
+            let sources = store.sources().await.map_err(|e| e.to_string())?;
+            drop(store);
+            let Some(row) = sources.iter().find(|s| s.name == source) else {
+                return Err(format!(
+                    "source `{source}` is not registered: apply an award that reads it, or `laurel sources add {source}`"
+                ));
+            };
+            publisher
+                .publish_all(&row.topic, &messages)
+                .await
+                .map_err(|e| format!("publishing to {} failed: {e:#}", row.topic))?;
+            Ok(messages.len() as u32)
+        })
+    }
+
+    fn user_awards(&self, user_id: String) -> BoxFuture<'static, Result<String, ProgressError>> {
+        let state = self.state();
+        Box::pin(async move {
+            let state = state.map_err(ProgressError::Unavailable)?;
+            match user_awards(&state, &user_id, Audience::User).await {
+                Ok(awards) => Ok(awards.to_string()),
+                Err(ApiError::NotFound(message)) => Err(ProgressError::NotFound(message)),
+                Err(error) => Err(ProgressError::Unavailable(error.to_string())),
+            }
+        })
+    }
+
+    fn kv_get(
+        &self,
+        label: String,
+        key: String,
+    ) -> BoxFuture<'static, Result<Option<Vec<u8>>, KvError>> {
+        let state = self.state();
+        Box::pin(async move {
+            let state = state.map_err(KvError::Other)?;
+            let pools = state
+                .proxies()
+                .await
+                .map_err(|e| KvError::Other(e.to_string()))?;
+            pools
+                .kv_get(&label, &key)
+                .await
+                .map_err(|e| KvError::Other(e.to_string()))
+        })
+    }
+
+    fn kv_set(
+        &self,
+        label: String,
+        key: String,
+        value: Vec<u8>,
+    ) -> BoxFuture<'static, Result<(), KvError>> {
+        let state = self.state();
+        Box::pin(async move {
+            let state = state.map_err(KvError::Other)?;
+            let pools = state
+                .proxies()
+                .await
+                .map_err(|e| KvError::Other(e.to_string()))?;
+            pools
+                .kv_set(&label, &key, &value)
+                .await
+                .map_err(|e| KvError::Other(e.to_string()))
+        })
+    }
+
+    fn kv_delete(&self, label: String, key: String) -> BoxFuture<'static, Result<(), KvError>> {
+        let state = self.state();
+        Box::pin(async move {
+            let state = state.map_err(KvError::Other)?;
+            let pools = state
+                .proxies()
+                .await
+                .map_err(|e| KvError::Other(e.to_string()))?;
+            pools
+                .kv_delete(&label, &key)
+                .await
+                .map_err(|e| KvError::Other(e.to_string()))
+        })
+    }
+
+    fn kv_exists(&self, label: String, key: String) -> BoxFuture<'static, Result<bool, KvError>> {
+        let state = self.state();
+        Box::pin(async move {
+            let state = state.map_err(KvError::Other)?;
+            let pools = state
+                .proxies()
+                .await
+                .map_err(|e| KvError::Other(e.to_string()))?;
+            pools
+                .kv_exists(&label, &key)
+                .await
+                .map_err(|e| KvError::Other(e.to_string()))
+        })
+    }
+
+    fn kv_keys(&self, label: String) -> BoxFuture<'static, Result<Vec<String>, KvError>> {
+        let state = self.state();
+        Box::pin(async move {
+            let state = state.map_err(KvError::Other)?;
+            let pools = state
+                .proxies()
+                .await
+                .map_err(|e| KvError::Other(e.to_string()))?;
+            pools
+                .kv_keys(&label)
+                .await
+                .map_err(|e| KvError::Other(e.to_string()))
+        })
+    }
+}

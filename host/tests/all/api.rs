@@ -9,14 +9,16 @@ use std::time::Duration;
 use laurel::api::{ApiSettings, AppState, Secret};
 use laurel::catalog::Catalog;
 use laurel::registry::Registry;
+use laurel::runtime::http::HttpLimits;
+use laurel::runtime::http::manifest::Manifest;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
 use crate::pipeline_support::{Pipeline, event};
 use crate::support::{self, TestDb};
 
-const ADMIN: &str = "admin-token-for-tests";
-const JWT_SECRET: &str = "jwt-secret-for-tests";
+pub const ADMIN: &str = "admin-token-for-tests";
+pub const JWT_SECRET: &str = "jwt-secret-for-tests";
 
 /// A running API on a free port.
 pub struct Server {
@@ -46,6 +48,19 @@ impl Server {
         registry: Arc<Registry>,
         brokers: Option<&str>,
     ) -> Server {
+        Server::start_with_functions(database_url, registry, brokers, None)
+            .await
+            .unwrap()
+    }
+
+    /// A server that also serves `functions` (a manifest and its limits),
+    /// or why it could not load them.
+    pub async fn start_with_functions(
+        database_url: &str,
+        registry: Arc<Registry>,
+        brokers: Option<&str>,
+        functions: Option<(Manifest, HttpLimits)>,
+    ) -> Result<Server, String> {
         let catalog = Catalog::start(database_url).await.unwrap();
         let settings = ApiSettings {
             admin_token: Some(Secret::new(ADMIN)),
@@ -56,6 +71,11 @@ impl Server {
             ..ApiSettings::new(database_url)
         };
         let state = Arc::new(AppState::new(settings, registry, catalog));
+        if let Some((manifest, limits)) = functions {
+            state
+                .serve_functions(manifest, limits)
+                .map_err(|e| format!("{e:#}"))?;
+        }
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let (stop, stopped) = oneshot::channel::<()>();
@@ -63,14 +83,36 @@ impl Server {
             let _ = stopped.await;
         }));
         let _ = rustls::crypto::ring::default_provider().install_default();
-        Server {
+        Ok(Server {
             base,
             client: reqwest::Client::builder()
                 .timeout(Duration::from_secs(60))
                 .build()
                 .unwrap(),
             stop: Some(stop),
+        })
+    }
+
+    /// A request with raw headers and body; the answer's status, headers
+    /// and body text.
+    pub async fn raw(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> (u16, reqwest::header::HeaderMap, String) {
+        let mut request = self.client.request(
+            reqwest::Method::from_bytes(method.as_bytes()).unwrap(),
+            format!("{}{path}", self.base),
+        );
+        for (name, value) in headers {
+            request = request.header(*name, *value);
         }
+        let response = request.body(body.to_string()).send().await.unwrap();
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        (status, headers, response.text().await.unwrap())
     }
 
     pub async fn call(
@@ -162,7 +204,7 @@ fn error_text(answer: &Answer) -> &str {
 }
 
 /// The contract's content-maker award and a second one nobody starts.
-const AWARDS: &str = r#"[{
+pub const AWARDS: &str = r#"[{
   "id": "content-maker", "title": "Content maker", "description": "Upload 5 photos or reviews and drive 10 km",
   "revocation": "live",
   "objectives": [
@@ -508,7 +550,7 @@ fn base64url(bytes: &[u8]) -> String {
 
 /// A fresh database with the built-in library, `awards` applied, and a
 /// registry.
-async fn database_with(awards: &str) -> (TestDb, Arc<Registry>) {
+pub async fn database_with(awards: &str) -> (TestDb, Arc<Registry>) {
     let db = TestDb::new().await;
     let mut store = db.store().await;
     let runtime = support::runtime();

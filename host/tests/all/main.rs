@@ -9,6 +9,7 @@ mod cases;
 mod config_errors;
 mod definitions;
 mod hostile;
+mod http_functions;
 mod notify;
 mod pipeline;
 mod pipeline_support;

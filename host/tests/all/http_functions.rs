@@ -1,0 +1,390 @@
+//! HTTP functions from a Spin manifest, on a real server: spin-sdk 7
+//! (WASIp3) and spin-sdk 5 (WASIp2) components built from functions/http,
+//! Spin variables and key-value (in Redis), the ingest adapter's events
+//! arriving through Kafka into counters, the badge reading progress back,
+//! refused imports, refused outbound hosts, and per-request limits.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use laurel::runtime::http::HttpLimits;
+use laurel::runtime::http::manifest::{self, Manifest};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::api::Server;
+use crate::pipeline_support::Pipeline;
+
+const CHECKINS: &str = r#"[{
+  "id": "regular", "title": "Regular",
+  "objectives": [{"id": "checkins",
+    "filters": [{"name": "SourceFilter", "config": {"sources": ["checkins"]}}],
+    "rule": {"name": "ContentStatusRule", "config": {"counters": {"active": "checkins"}}},
+    "progress_counter": "checkins"}],
+  "strategy": {"goal": 3, "operation": "sum", "strategy": [{"objective_id": "checkins"}]}
+}]"#;
+
+/// A manifest over the built components; `extra` is appended as is.
+fn manifest(app: &str, allowed_port: u16, extra: &str) -> Result<Manifest, String> {
+    let text = format!(
+        r#"
+spin_manifest_version = 2
+[application]
+name = "{app}"
+[variables]
+token = {{ default = "let-me-in" }}
+greeting = {{ default = "hello" }}
+
+[[trigger.http]]
+route = "/badges/:user_id/:award_id"
+component = "badge"
+[[trigger.http]]
+route = "/ingest/checkins"
+component = "adapter"
+[[trigger.http]]
+route = "/probe/..."
+component = "probe"
+[[trigger.http]]
+route = "/p2"
+component = "p2"
+
+[component.badge]
+source = "progress_badge.wasm"
+key_value_stores = ["default"]
+[component.badge.variables]
+label = "Tests"
+
+[component.adapter]
+source = "ingest_adapter.wasm"
+[component.adapter.variables]
+webhook_token = "{{{{ token }}}}"
+source = "checkins"
+
+[component.probe]
+source = "http_probe.wasm"
+key_value_stores = ["default"]
+allowed_outbound_hosts = ["http://127.0.0.1:{allowed_port}"]
+[component.probe.variables]
+greeting = "{{{{ greeting }}}}, probe"
+
+[component.p2]
+source = "http_p2_hello.wasm"
+key_value_stores = ["default"]
+[component.p2.variables]
+greeting = "{{{{ greeting }}}}"
+{extra}
+"#
+    );
+    manifest::parse(&text, laurel::library::guest_dir().to_path_buf(), &|_| None)
+}
+
+/// An application name of its own per test run: key-value stores are per
+/// application, so runs and tests don't meet.
+fn app(test: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    format!("{test}-{}-{nanos}", std::process::id())
+}
+
+/// A plain HTTP server on loopback that answers 200 and counts requests.
+async fn counting_server() -> (u16, Arc<AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let hits = Arc::new(AtomicUsize::new(0));
+    let counted = hits.clone();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            counted.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut buffer = [0u8; 4096];
+                let _ = socket.read(&mut buffer).await;
+                let _ = socket
+                    .write_all(
+                        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok",
+                    )
+                    .await;
+            });
+        }
+    });
+    (port, hits)
+}
+
+fn limits() -> HttpLimits {
+    HttpLimits {
+        timeout: Duration::from_secs(2),
+        memory_bytes: 64 << 20,
+        max_body_bytes: 1 << 20,
+    }
+}
+
+fn checkin(id: &str, user: &str, kind: &str, minute: u32) -> Value {
+    json!({"event": kind, "occurred_at": format!("2026-12-01T10:{minute:02}:00Z"),
+           "checkin": {"id": id, "user_id": user, "venue": {"id": "v-9", "category": "cafe"}}})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkins_become_progress_and_the_badge_shows_it() {
+    let mut p = Pipeline::start(CHECKINS, &["checkins"]).await;
+    let (allowed, _) = counting_server().await;
+    let server = Server::start_with_functions(
+        &p.db.url,
+        p.registry.clone(),
+        Some(p.broker.bootstrap_servers()),
+        Some((manifest(&app("checkins"), allowed, "").unwrap(), limits())),
+    )
+    .await
+    .unwrap();
+    let auth = [("authorization", "Bearer let-me-in")];
+
+    // Refused: no token, a wrong one, bad JSON, a bad webhook (nothing of
+    // the batch is published).
+    let (status, _, body) = server.raw("POST", "/ingest/checkins", &[], "{}").await;
+    assert_eq!(
+        (status, body.as_str()),
+        (401, r#"{"error":"missing or wrong bearer token"}"#)
+    );
+    let wrong = [("authorization", "Bearer guess")];
+    assert_eq!(
+        server.raw("POST", "/ingest/checkins", &wrong, "{}").await.0,
+        401
+    );
+    let (status, _, body) = server
+        .raw("POST", "/ingest/checkins", &auth, "{not json")
+        .await;
+    assert_eq!(status, 400);
+    assert!(body.contains("the body is not JSON"), "{body}");
+    let batch = json!([checkin("c-1", "u-1", "checkin.created", 1),
+                       {"event": "checkin.liked", "checkin": {"id": "c-2"}}]);
+    let (status, _, body) = server
+        .raw("POST", "/ingest/checkins", &auth, &batch.to_string())
+        .await;
+    assert_eq!(status, 400, "{body}");
+    let body: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(body["error"], "nothing was published");
+    assert_eq!(
+        body["problems"],
+        json!(["webhook 1: event `checkin.liked` is not checkin.created or checkin.deleted"])
+    );
+
+    // Three check-ins, one deleted again: 2 count.
+    let batch = json!([
+        checkin("c-1", "u-1", "checkin.created", 1),
+        checkin("c-2", "u-1", "checkin.created", 2),
+        checkin("c-3", "u-1", "checkin.created", 3)
+    ]);
+    let (status, _, body) = server
+        .raw("POST", "/ingest/checkins", &auth, &batch.to_string())
+        .await;
+    assert_eq!((status, body.as_str()), (202, r#"{"published":3}"#));
+    let deleted = checkin("c-2", "u-1", "checkin.deleted", 4);
+    let (status, _, _) = server
+        .raw("POST", "/ingest/checkins", &auth, &deleted.to_string())
+        .await;
+    assert_eq!(status, 202);
+    p.settle("checkins", "u-1").await;
+    assert_eq!(
+        p.objective("u-1", "regular", "checkins")
+            .await
+            .get("checkins"),
+        Some(&2)
+    );
+    p.awards_worker().await.drain().await.unwrap();
+
+    // The badge reads the progress back, counting its views in Redis.
+    let (status, headers, svg) = server.raw("GET", "/badges/u-1/regular.svg", &[], "").await;
+    assert_eq!(status, 200, "{svg}");
+    assert_eq!(headers["content-type"], "image/svg+xml");
+    assert_eq!(headers["x-badge-views"], "1");
+    assert!(
+        svg.contains("<title>Tests: Regular, 2 / 3</title>"),
+        "{svg}"
+    );
+    assert!(svg.contains(r#"data-progress="0.6667""#), "{svg}");
+    let (_, headers, _) = server.raw("GET", "/badges/u-1/regular", &[], "").await;
+    assert_eq!(headers["x-badge-views"], "2");
+    let (status, _, body) = server.raw("GET", "/badges/u-1/nope", &[], "").await;
+    assert_eq!((status, body.as_str()), (404, "award nope not found\n"));
+
+    // Laurel's own routes still answer as before; unknown paths get JSON.
+    let (status, _, body) = server.raw("GET", "/nowhere", &[], "").await;
+    assert_eq!(status, 404);
+    assert!(body.contains("no route for GET /nowhere"), "{body}");
+
+    // Metrics count the events the adapter published.
+    let metrics = server.text("/metrics").await;
+    assert!(
+        metrics.contains("laurel_events_applied_total{source=\"checkins\"}"),
+        "{metrics}"
+    );
+    drop(server);
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spin_interfaces_outbound_hosts_and_limits_hold() {
+    let (db, registry) = crate::api::database_with("[]").await;
+    let (allowed, allowed_hits) = counting_server().await;
+    let (denied, denied_hits) = counting_server().await;
+    let server = Server::start_with_functions(
+        &db.url,
+        registry,
+        None,
+        Some((manifest(&app("checkins"), allowed, "").unwrap(), limits())),
+    )
+    .await
+    .unwrap();
+
+    // Variables (declared, templated, undefined) and the key-value store;
+    // a store the component may not open is refused.
+    let (status, _, body) = server.raw("GET", "/probe/spin", &[], "").await;
+    assert_eq!(status, 200, "{body}");
+    let parts: Vec<&str> = body.split(" | ").collect();
+    assert_eq!(parts[0], "hello, probe");
+    assert!(parts[1].contains("nope"), "{body}");
+    assert_eq!(parts[2], "count 1, exists true, keys 1");
+    assert!(parts[3].to_lowercase().contains("access"), "{body}");
+    let (_, _, body) = server.raw("GET", "/probe/spin", &[], "").await;
+    assert!(body.contains("count 2, exists true, keys 1"), "{body}");
+
+    // A WASIp2 component (spin-sdk 5): fermyon:spin variables and key-value.
+    let (status, _, body) = server.raw("GET", "/p2", &[], "").await;
+    assert_eq!(
+        (status, body.as_str()),
+        (200, "p2 says hello; count 1; keys 2\n")
+    );
+
+    // Outbound: the allowed host is reached, any other is refused before a
+    // connection is made.
+    let url = format!("/probe/fetch?url=http://127.0.0.1:{allowed}/x");
+    let (status, _, body) = server.raw("GET", &url, &[], "").await;
+    assert_eq!((status, body.as_str()), (200, "fetched 200"));
+    assert_eq!(allowed_hits.load(Ordering::SeqCst), 1);
+    let url = format!("/probe/fetch?url=http://127.0.0.1:{denied}/x");
+    let (status, _, body) = server.raw("GET", &url, &[], "").await;
+    assert_eq!(status, 502, "{body}");
+    assert!(body.starts_with("refused:"), "{body}");
+    assert!(body.to_lowercase().contains("denied"), "{body}");
+    assert_eq!(denied_hits.load(Ordering::SeqCst), 0);
+
+    // A loop is stopped at the deadline, a panic is reported, an oversized
+    // answer is not passed on; the server goes on serving.
+    let (status, _, body) = server.raw("GET", "/probe/loop", &[], "").await;
+    assert_eq!(status, 504, "{body}");
+    assert!(
+        body.contains("component probe did not answer within 2s"),
+        "{body}"
+    );
+    let (status, _, body) = server.raw("GET", "/probe/panic", &[], "").await;
+    assert_eq!(status, 502, "{body}");
+    assert!(body.contains("the probe was asked to panic"), "{body}");
+    let (status, _, body) = server.raw("GET", "/probe/big", &[], "").await;
+    assert_eq!(status, 502, "{body}");
+    assert!(body.contains("over the limit of 1048576 bytes"), "{body}");
+    let (status, _, _) = server.raw("GET", "/probe/spin", &[], "").await;
+    assert_eq!(status, 200);
+    drop(server);
+    db.drop_database().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_component_with_an_import_laurel_lacks_is_refused_at_load() {
+    let (db, registry) = crate::api::database_with("[]").await;
+    let extra = r#"
+[[trigger.http]]
+route = "/sql"
+component = "forbidden"
+[component.forbidden]
+source = "http_forbidden.wasm"
+"#;
+    let error = Server::start_with_functions(
+        &db.url,
+        registry.clone(),
+        None,
+        Some((manifest(&app("refused"), 1, extra).unwrap(), limits())),
+    )
+    .await
+    .err()
+    .expect("refused");
+    assert!(
+        error
+            .starts_with("component `forbidden` cannot be served: it imports `spin:sqlite/sqlite@"),
+        "{error}"
+    );
+
+    // A route over Laurel's own API is refused too, naming both.
+    let extra = r#"
+[[trigger.http]]
+route = "/admin/..."
+component = "p2"
+"#;
+    let error = Server::start_with_functions(
+        &db.url,
+        registry.clone(),
+        None,
+        Some((manifest(&app("refused"), 1, extra).unwrap(), limits())),
+    )
+    .await
+    .err()
+    .expect("refused");
+    assert_eq!(
+        error,
+        "spin.toml route `/admin/...` (component `p2`) overlaps Laurel's own /admin"
+    );
+
+    // A source file that is not there, and not a built-in, is named.
+    let missing = manifest(&app("refused"), 1, "").unwrap();
+    let mut missing = missing;
+    missing.components.get_mut("probe").unwrap().source = PathBuf::from("nowhere.wasm");
+    let error = Server::start_with_functions(&db.url, registry, None, Some((missing, limits())))
+        .await
+        .err()
+        .expect("refused");
+    assert!(
+        error.starts_with("component `probe`: cannot read ") && error.contains("nowhere.wasm"),
+        "{error}"
+    );
+    db.drop_database().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_repository_spin_toml_is_served_from_the_built_in_components() {
+    let (db, registry) = crate::api::database_with(crate::api::AWARDS).await;
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../spin.toml");
+    let manifest = manifest::load(&path, &|_| None).unwrap();
+    let routes: Vec<(&str, &str)> = manifest
+        .routes
+        .iter()
+        .map(|r| (r.pattern.as_str(), r.component.as_str()))
+        .collect();
+    assert_eq!(
+        routes,
+        [
+            ("/badges/:user_id/:award_id", "progress-badge"),
+            ("/ingest/checkins", "ingest-adapter")
+        ]
+    );
+    let server = Server::start_with_functions(&db.url, registry, None, Some((manifest, limits())))
+        .await
+        .unwrap();
+    // Nobody has started it: 0 of its goal.
+    let (status, _, svg) = server
+        .raw("GET", "/badges/u-9/content-maker", &[], "")
+        .await;
+    assert_eq!(status, 200, "{svg}");
+    assert!(
+        svg.contains("<title>Laurel: Content maker, 0 / 15</title>"),
+        "{svg}"
+    );
+    // Without SPIN_VARIABLE_CHECKINS_TOKEN the adapter takes nothing.
+    let (status, _, body) = server.raw("POST", "/ingest/checkins", &[], "{}").await;
+    assert_eq!(
+        (status, body.as_str()),
+        (503, r#"{"error":"webhook_token is not configured"}"#)
+    );
+    drop(server);
+    db.drop_database().await;
+}

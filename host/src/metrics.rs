@@ -61,6 +61,16 @@ const FAMILIES: &[(&str, Kind, &str)] = &[
         "Failed notification delivery attempts, by webhook and whether the notification was given up (final) or will be retried",
     ),
     (
+        HTTP_FUNCTION_REQUESTS,
+        Kind::Counter,
+        "Requests to HTTP functions, by component and outcome (the status code, or timeout, failed, too_large)",
+    ),
+    (
+        HTTP_FUNCTION_SECONDS,
+        Kind::Histogram,
+        "Wall time of one request to an HTTP function (instantiation included), by component",
+    ),
+    (
         CONSUMER_LAG,
         Kind::Gauge,
         "Messages not yet consumed by the source's consumer group, by source (read from the brokers at scrape time)",
@@ -76,6 +86,8 @@ pub const AWARDS_COMPLETED: &str = "laurel_awards_completed_total";
 pub const AWARDS_REVOKED: &str = "laurel_awards_revoked_total";
 pub const NOTIFICATIONS_SENT: &str = "laurel_notifications_sent_total";
 pub const NOTIFICATIONS_FAILED: &str = "laurel_notifications_failed_total";
+pub const HTTP_FUNCTION_REQUESTS: &str = "laurel_http_function_requests_total";
+pub const HTTP_FUNCTION_SECONDS: &str = "laurel_http_function_seconds";
 pub const CONSUMER_LAG: &str = "laurel_consumer_lag";
 
 /// Upper bounds (seconds) of the latency histogram's buckets.

@@ -286,6 +286,19 @@ async fn spin_interfaces_outbound_hosts_and_limits_hold() {
     assert!(body.contains("over the limit of 1048576 bytes"), "{body}");
     let (status, _, _) = server.raw("GET", "/probe/spin", &[], "").await;
     assert_eq!(status, 200);
+    let metrics = server.text("/metrics").await;
+    for series in [
+        "laurel_http_function_requests_total{component=\"probe\",outcome=\"timeout\"}",
+        "laurel_http_function_requests_total{component=\"probe\",outcome=\"failed\"}",
+        "laurel_http_function_requests_total{component=\"probe\",outcome=\"too_large\"}",
+        "laurel_http_function_requests_total{component=\"p2\",outcome=\"200\"}",
+        "laurel_http_function_seconds_count{component=\"probe\"}",
+    ] {
+        assert!(
+            metrics.contains(series),
+            "{series} missing from:\n{metrics}"
+        );
+    }
     drop(server);
     db.drop_database().await;
 }

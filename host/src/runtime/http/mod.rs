@@ -33,6 +33,7 @@ use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpHooks, WasiHttpVi
 use self::manifest::{ComponentSpec, Manifest, OutboundHost};
 use super::MemoryLimiter;
 use super::guest_output::GuestOutput;
+use crate::metrics;
 
 /// Limits of one request to an HTTP function.
 #[derive(Debug, Clone)]
@@ -223,8 +224,9 @@ impl HttpFunctions {
             )));
         }
         let request = with_spin_headers(request, &route.pattern, &params, client);
+        let started = std::time::Instant::now();
         let run = self.run(served, request);
-        Some(match tokio::time::timeout(limits.timeout, run).await {
+        let result = match tokio::time::timeout(limits.timeout, run).await {
             Ok(result) => result.map_err(|reason| match reason {
                 Failure::Trap(reason) => HttpFunctionError::Failed {
                     component: component.clone(),
@@ -240,10 +242,28 @@ impl HttpFunctions {
                 },
             }),
             Err(_) => Err(HttpFunctionError::Timeout {
-                component,
+                component: component.clone(),
                 timeout: limits.timeout,
             }),
-        })
+        };
+        let labels = [("component", component.as_str())];
+        metrics::observe(metrics::HTTP_FUNCTION_SECONDS, &labels, started.elapsed());
+        let status;
+        let outcome = match &result {
+            Ok(response) => {
+                status = response.status().as_u16().to_string();
+                status.as_str()
+            }
+            Err(HttpFunctionError::Timeout { .. }) => "timeout",
+            Err(HttpFunctionError::ResponseTooLarge { .. }) => "too_large",
+            Err(_) => "failed",
+        };
+        metrics::add(
+            metrics::HTTP_FUNCTION_REQUESTS,
+            &[("component", component.as_str()), ("outcome", outcome)],
+            1,
+        );
+        Some(result)
     }
 
     async fn run(

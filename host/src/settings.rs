@@ -206,6 +206,11 @@ pub struct Settings {
     )]
     pub http_function_timeout_ms: u64,
 
+    /// A proxy pool for HTTP functions' outbound requests: each goes
+    /// through a proxy allocated from it (unset: straight out).
+    #[arg(long, global = true, env = "LAUREL_HTTP_FUNCTION_PROXY_POOL")]
+    pub http_function_proxy_pool: Option<String>,
+
     /// One webhook request's time limit, in milliseconds.
     #[arg(
         long,
@@ -248,6 +253,7 @@ impl Settings {
             max_function_bytes: self.function_max_mib << 20,
             redis_url: self.redis_url.clone(),
             kafka_brokers: brokers.filter(|b| !b.is_empty()).map(str::to_string),
+            http_function_proxy_pool: self.http_function_proxy_pool.clone(),
             ..ApiSettings::new(&self.database_url)
         }
     }

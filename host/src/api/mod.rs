@@ -56,6 +56,9 @@ pub struct ApiSettings {
     pub kafka_brokers: Option<String>,
     /// Consumer groups are `<prefix>.<source>`.
     pub group_prefix: String,
+    /// The proxy pool HTTP functions' outbound requests go through (none:
+    /// straight out).
+    pub http_function_proxy_pool: Option<String>,
     /// Connections to PostgreSQL the API may hold.
     pub database_connections: usize,
 }
@@ -72,6 +75,7 @@ impl ApiSettings {
             redis_url: "redis://127.0.0.1:6379".to_string(),
             kafka_brokers: None,
             group_prefix: "laurel".to_string(),
+            http_function_proxy_pool: None,
             database_connections: 8,
         }
     }
@@ -129,8 +133,12 @@ impl AppState {
                 }
             }
         }
-        let services =
-            services::Services::new(Arc::downgrade(self), self.settings.kafka_brokers.as_deref())?;
+        let services = services::Services::new(
+            Arc::downgrade(self),
+            self.settings.kafka_brokers.as_deref(),
+            self.settings.http_function_proxy_pool.clone(),
+            limits.timeout,
+        )?;
         let functions = HttpFunctions::load(
             manifest,
             limits,

@@ -2,6 +2,9 @@
 //! key-value): publishing events, reading progress, key-value stores.
 
 use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use bytes::Bytes;
 
 use futures_util::future::BoxFuture;
 
@@ -9,6 +12,7 @@ use super::progress::{Audience, user_awards};
 use super::{ApiError, AppState};
 use crate::event::Envelope;
 use crate::ingest::EventPublisher;
+use crate::proxy::Policy;
 use crate::runtime::http::{HttpServices, KvError, ProgressError};
 
 /// Most events one `publish` call takes.
@@ -18,13 +22,23 @@ pub struct Services {
     /// Weak: the state owns the functions, which own these services.
     state: Weak<AppState>,
     publisher: Option<Arc<EventPublisher>>,
+    /// The pool outbound requests go through, if any.
+    pool: Option<String>,
+    timeout: Duration,
 }
 
 impl Services {
-    pub fn new(state: Weak<AppState>, brokers: Option<&str>) -> anyhow::Result<Services> {
+    pub fn new(
+        state: Weak<AppState>,
+        brokers: Option<&str>,
+        pool: Option<String>,
+        timeout: Duration,
+    ) -> anyhow::Result<Services> {
         Ok(Services {
             state,
             publisher: brokers.map(EventPublisher::new).transpose()?.map(Arc::new),
+            pool,
+            timeout,
         })
     }
 
@@ -35,7 +49,80 @@ impl Services {
     }
 }
 
+/// One outbound request through a proxy taken from `pool` for it.
+async fn through_pool(
+    state: &AppState,
+    pool: &str,
+    request: http::Request<Bytes>,
+    timeout: Duration,
+) -> Result<http::Response<Bytes>, String> {
+    let policy = match state.store().await {
+        Ok(store) => match store.proxy_pool(pool).await {
+            Ok(Some(row)) => Policy::of(&row),
+            _ => Policy::LeastUsed,
+        },
+        Err(_) => Policy::LeastUsed,
+    };
+    let pools = state.proxies().await.map_err(|e| e.to_string())?;
+    let taken = pools
+        .take(pool, policy)
+        .await
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| format!("proxy pool {pool} has no eligible proxy: not sent"))?;
+    let result = send(&taken.proxy, request, timeout).await;
+    let _ = pools.give_back(&taken).await;
+    result.map_err(|e| format!("via proxy {}: {e}", taken.proxy))
+}
+
+async fn send(
+    proxy: &str,
+    request: http::Request<Bytes>,
+    timeout: Duration,
+) -> Result<http::Response<Bytes>, String> {
+    let client = crate::notify::http_client()
+        .timeout(timeout)
+        .proxy(reqwest::Proxy::all(proxy).map_err(|e| e.to_string())?)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let (parts, body) = request.into_parts();
+    let mut outgoing = client
+        .request(parts.method, parts.uri.to_string())
+        .body(body);
+    for (name, value) in &parts.headers {
+        outgoing = outgoing.header(name, value);
+    }
+    let response = outgoing
+        .send()
+        .await
+        .map_err(|e| crate::notify::error_chain(&e))?;
+    let mut answer = http::Response::builder().status(response.status());
+    for (name, value) in response.headers() {
+        answer = answer.header(name, value);
+    }
+    let body = response
+        .bytes()
+        .await
+        .map_err(|e| crate::notify::error_chain(&e))?;
+    answer.body(body).map_err(|e| e.to_string())
+}
+
 impl HttpServices for Services {
+    fn proxies_outbound(&self) -> bool {
+        self.pool.is_some()
+    }
+
+    fn send_outbound(
+        &self,
+        request: http::Request<Bytes>,
+    ) -> BoxFuture<'static, Result<http::Response<Bytes>, String>> {
+        let (state, pool, timeout) = (self.state(), self.pool.clone(), self.timeout);
+        Box::pin(async move {
+            let state = state?;
+            let pool = pool.ok_or_else(|| "no proxy pool is configured".to_string())?;
+            through_pool(&state, &pool, request, timeout).await
+        })
+    }
+
     fn publish(
         &self,
         source: String,

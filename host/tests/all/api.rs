@@ -61,6 +61,17 @@ impl Server {
         brokers: Option<&str>,
         functions: Option<(Manifest, HttpLimits)>,
     ) -> Result<Server, String> {
+        Server::start_custom(database_url, registry, brokers, functions, |_| {}).await
+    }
+
+    /// As `start_with_functions`, with the settings adjusted by `adjust`.
+    pub async fn start_custom(
+        database_url: &str,
+        registry: Arc<Registry>,
+        brokers: Option<&str>,
+        functions: Option<(Manifest, HttpLimits)>,
+        adjust: impl FnOnce(&mut ApiSettings),
+    ) -> Result<Server, String> {
         let catalog = Catalog::start(database_url).await.unwrap();
         let settings = ApiSettings {
             admin_token: Some(Secret::new(ADMIN)),
@@ -70,6 +81,8 @@ impl Server {
             kafka_brokers: brokers.map(str::to_string),
             ..ApiSettings::new(database_url)
         };
+        let mut settings = settings;
+        adjust(&mut settings);
         let state = Arc::new(AppState::new(settings, registry, catalog));
         if let Some((manifest, limits)) = functions {
             state

@@ -92,16 +92,25 @@ fn app(test: &str) -> String {
 
 /// A plain HTTP server on loopback that answers 200 and counts requests.
 async fn counting_server() -> (u16, Arc<AtomicUsize>) {
+    let (port, hits, _) = recording_server().await;
+    (port, hits)
+}
+
+/// As `counting_server`, also keeping the last request's head.
+async fn recording_server() -> (u16, Arc<AtomicUsize>, Arc<std::sync::Mutex<String>>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let hits = Arc::new(AtomicUsize::new(0));
-    let counted = hits.clone();
+    let last = Arc::new(std::sync::Mutex::new(String::new()));
+    let (counted, kept) = (hits.clone(), last.clone());
     tokio::spawn(async move {
         while let Ok((mut socket, _)) = listener.accept().await {
             counted.fetch_add(1, Ordering::SeqCst);
+            let kept = kept.clone();
             tokio::spawn(async move {
                 let mut buffer = [0u8; 4096];
-                let _ = socket.read(&mut buffer).await;
+                let n = socket.read(&mut buffer).await.unwrap_or(0);
+                *kept.lock().unwrap() = String::from_utf8_lossy(&buffer[..n]).to_lowercase();
                 let _ = socket
                     .write_all(
                         b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok",
@@ -110,7 +119,7 @@ async fn counting_server() -> (u16, Arc<AtomicUsize>) {
             });
         }
     });
-    (port, hits)
+    (port, hits, last)
 }
 
 fn limits() -> HttpLimits {
@@ -278,6 +287,26 @@ async fn spin_interfaces_outbound_hosts_and_limits_hold() {
         body.contains("component probe did not answer within 2s"),
         "{body}"
     );
+    // Busy components yield: with more of them looping than the server has
+    // worker threads, another request is still answered while they run.
+    let server = Arc::new(server);
+    let loops: Vec<_> = (0..3)
+        .map(|_| {
+            let server = server.clone();
+            tokio::spawn(async move { server.raw("GET", "/probe/loop", &[], "").await.0 })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (status, _, _) = server.raw("GET", "/p2", &[], "").await;
+    assert_eq!(status, 200);
+    assert!(
+        loops.iter().all(|l| !l.is_finished()),
+        "the loops were still running when /p2 answered"
+    );
+    for l in loops {
+        assert_eq!(l.await.unwrap(), 504);
+    }
+    let server = Arc::try_unwrap(server).ok().expect("one server");
     let (status, _, body) = server.raw("GET", "/probe/panic", &[], "").await;
     assert_eq!(status, 502, "{body}");
     assert!(body.contains("the probe was asked to panic"), "{body}");
@@ -291,7 +320,7 @@ async fn spin_interfaces_outbound_hosts_and_limits_hold() {
         "laurel_http_function_requests_total{component=\"probe\",outcome=\"timeout\"}",
         "laurel_http_function_requests_total{component=\"probe\",outcome=\"failed\"}",
         "laurel_http_function_requests_total{component=\"probe\",outcome=\"too_large\"}",
-        "laurel_http_function_requests_total{component=\"p2\",outcome=\"200\"}",
+        "laurel_http_function_requests_total{component=\"p2\",outcome=\"200\"} 2",
         "laurel_http_function_seconds_count{component=\"probe\"}",
     ] {
         assert!(
@@ -398,6 +427,60 @@ async fn the_repository_spin_toml_is_served_from_the_built_in_components() {
         (status, body.as_str()),
         (503, r#"{"error":"webhook_token is not configured"}"#)
     );
+    drop(server);
+    db.drop_database().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outbound_requests_go_through_the_proxy_pool_when_one_is_set() {
+    let (db, registry) = crate::api::database_with("[]").await;
+    let pool = crate::proxy::pool_name("http-functions");
+    let proxy = crate::proxy::Tinyproxy::start("laurel-http-fn-proxy");
+    let check_url = crate::proxy::check_server().await;
+    db.store()
+        .await
+        .set_proxy_pool(&crate::proxy::pool_config(&pool, &check_url))
+        .await
+        .unwrap();
+    let pools = laurel::proxy::ProxyPools::connect(&crate::proxy::redis_url())
+        .await
+        .unwrap();
+    pools.admit(&pool, &proxy.url).await.unwrap();
+    let (allowed, hits, last) = recording_server().await;
+    let chosen = pool.clone();
+    let server = Server::start_custom(
+        &db.url,
+        registry,
+        None,
+        Some((manifest(&app("proxied"), allowed, "").unwrap(), limits())),
+        move |settings| settings.http_function_proxy_pool = Some(chosen),
+    )
+    .await
+    .unwrap();
+
+    let url = format!("/probe/fetch?url=http://127.0.0.1:{allowed}/x");
+    let (status, _, body) = server.raw("GET", &url, &[], "").await;
+    assert_eq!((status, body.as_str()), (200, "fetched 200"));
+    assert_eq!(hits.load(Ordering::SeqCst), 1);
+    let head = last.lock().unwrap().clone();
+    assert!(head.contains("via: 1.1 laurel-http-fn-proxy"), "{head}");
+    let members = pools.members(&pool).await.unwrap();
+    assert_eq!(members, vec![(proxy.url.clone(), 1.0)]);
+
+    // A host not allowed is refused before any proxy is taken.
+    let (denied, denied_hits) = counting_server().await;
+    let url = format!("/probe/fetch?url=http://127.0.0.1:{denied}/x");
+    assert_eq!(server.raw("GET", &url, &[], "").await.0, 502);
+    assert_eq!(denied_hits.load(Ordering::SeqCst), 0);
+    assert_eq!(pools.members(&pool).await.unwrap()[0].1, 1.0);
+
+    // An empty pool: nothing is sent, and the function hears why.
+    pools.delete_pool(&pool).await.unwrap();
+    let url = format!("/probe/fetch?url=http://127.0.0.1:{allowed}/x");
+    let (status, _, body) = server.raw("GET", &url, &[], "").await;
+    assert_eq!(status, 502, "{body}");
+    assert!(body.contains("has no eligible proxy: not sent"), "{body}");
+    assert_eq!(hits.load(Ordering::SeqCst), 1);
     drop(server);
     db.drop_database().await;
 }

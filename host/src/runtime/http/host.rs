@@ -71,6 +71,15 @@ pub trait HttpServices: Send + Sync + 'static {
     fn kv_delete(&self, label: String, key: String) -> BoxFuture<'static, Result<(), KvError>>;
     fn kv_exists(&self, label: String, key: String) -> BoxFuture<'static, Result<bool, KvError>>;
     fn kv_keys(&self, label: String) -> BoxFuture<'static, Result<Vec<String>, KvError>>;
+    /// Whether outbound requests go through a proxy pool (then through
+    /// [`HttpServices::send_outbound`]; otherwise straight out).
+    fn proxies_outbound(&self) -> bool;
+    /// Sends an (allowed) outbound request through a proxy allocated for
+    /// it from the pool; the error says why it was not sent or failed.
+    fn send_outbound(
+        &self,
+        request: http::Request<bytes::Bytes>,
+    ) -> BoxFuture<'static, Result<http::Response<bytes::Bytes>, String>>;
 }
 
 #[derive(Debug, Clone)]

@@ -279,17 +279,22 @@ impl HttpFunctions {
             stores: served.stores.clone(),
             services: inner.services.clone(),
         };
-        let state = HttpState::new(
-            &served.spec,
-            spin,
-            inner.limits.memory_bytes,
-            stderr.clone(),
-        );
+        let sizes = (inner.limits.memory_bytes, inner.limits.max_body_bytes);
+        let state = HttpState::new(&served.spec, spin, sizes, stderr.clone());
         let mut store = Store::new(&inner.engine, state);
         store.limiter(|s| &mut s.limiter);
-        let ticks = (inner.limits.timeout.as_millis() / TICK.as_millis()).max(1) as u64 + 1;
-        store.set_epoch_deadline(ticks);
-        store.epoch_deadline_trap();
+        // Every tick the guest yields to the executor, so a busy component
+        // never holds a worker thread (others' requests go on); past the
+        // request's time limit it is interrupted.
+        let deadline = std::time::Instant::now() + inner.limits.timeout;
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(move |_| {
+            Ok(if std::time::Instant::now() >= deadline {
+                wasmtime::UpdateDeadline::Interrupt
+            } else {
+                wasmtime::UpdateDeadline::Yield(1)
+            })
+        });
         let fail = |error: wasmtime::Error| {
             let trap = error
                 .chain()
@@ -506,7 +511,7 @@ impl HttpState {
     fn new(
         spec: &Arc<ComponentSpec>,
         spin: host::SpinCtx,
-        memory_bytes: usize,
+        (memory_bytes, max_body_bytes): (usize, usize),
         stderr: GuestOutput,
     ) -> HttpState {
         // No environment, arguments or files; stderr is kept for errors.
@@ -518,6 +523,8 @@ impl HttpState {
             hooks: Outbound {
                 component: spec.id.clone(),
                 allowed: spec.allowed_outbound_hosts.clone(),
+                services: spin.services.clone(),
+                max_body_bytes,
             },
             limiter: MemoryLimiter {
                 limit: memory_bytes,
@@ -546,10 +553,13 @@ impl WasiHttpView for HttpState {
     }
 }
 
-/// Outbound requests: only to the component's allowed hosts.
+/// Outbound requests: only to the component's allowed hosts, through a
+/// proxy pool when Laurel is configured with one.
 struct Outbound {
     component: String,
     allowed: Vec<OutboundHost>,
+    services: Arc<dyn HttpServices>,
+    max_body_bytes: usize,
 }
 
 type SendResult = Box<
@@ -581,6 +591,29 @@ impl WasiHttpHooks for Outbound {
         if !self.allowed.iter().any(|h| h.allows(&scheme, &host, port)) {
             tracing::warn!(message = "HTTP function's outbound request refused: host not in allowed_outbound_hosts.", component = %self.component, url = %uri);
             return Box::new(async { Err(wasmtime_wasi_http::Error::HttpRequestDenied) });
+        }
+        if self.services.proxies_outbound() {
+            let (services, limit) = (self.services.clone(), self.max_body_bytes);
+            let component = self.component.clone();
+            return Box::new(async move {
+                let (parts, body) = request.into_parts();
+                let body = http_body_util::Limited::new(body, limit)
+                    .collect()
+                    .await
+                    .map_err(|_| wasmtime_wasi_http::Error::HttpRequestBodySize(None))?
+                    .to_bytes();
+                let response = services
+                    .send_outbound(http::Request::from_parts(parts, body))
+                    .await
+                    .map_err(|reason| {
+                        tracing::warn!(message = "HTTP function's outbound request through a proxy failed.", %component, %reason);
+                        wasmtime_wasi_http::Error::InternalError(Some(reason))
+                    })?;
+                Ok((
+                    response.map(|b| Full::new(b).map_err(|never| match never {}).boxed_unsync()),
+                    Box::new(async { Ok(()) }) as Box<dyn Future<Output = _> + Send>,
+                ))
+            });
         }
         Box::new(async move {
             let (response, io) = wasmtime_wasi_http::default_send_request(request, options).await?;

@@ -28,6 +28,7 @@ fn main() {
     let connections: usize = env("LAUREL_BENCH_CONNECTIONS", 32);
     let database = std::env::var("LAUREL_BENCH_DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/laurel_bench_http".into());
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -12,7 +12,7 @@ use super::progress::{Audience, user_awards};
 use super::{ApiError, AppState};
 use crate::event::Envelope;
 use crate::ingest::EventPublisher;
-use crate::proxy::Policy;
+use crate::proxy::{KvFailure, Policy, ProxyPools};
 use crate::runtime::http::{HttpServices, KvError, ProgressError};
 
 /// Most events one `publish` call takes.
@@ -46,6 +46,16 @@ impl Services {
         self.state
             .upgrade()
             .ok_or_else(|| "Laurel is shutting down".to_string())
+    }
+
+    /// Redis (the proxy module's connection), connected at first use.
+    fn pools(&self) -> impl Future<Output = Result<ProxyPools, KvError>> + Send + 'static {
+        let state = self.state();
+        async move {
+            let state = state.map_err(KvError::Other)?;
+            let pools = state.proxies().await;
+            pools.cloned().map_err(|e| KvError::Other(e.to_string()))
+        }
     }
 }
 
@@ -185,18 +195,8 @@ impl HttpServices for Services {
         label: String,
         key: String,
     ) -> BoxFuture<'static, Result<Option<Vec<u8>>, KvError>> {
-        let state = self.state();
-        Box::pin(async move {
-            let state = state.map_err(KvError::Other)?;
-            let pools = state
-                .proxies()
-                .await
-                .map_err(|e| KvError::Other(e.to_string()))?;
-            pools
-                .kv_get(&label, &key)
-                .await
-                .map_err(|e| KvError::Other(e.to_string()))
-        })
+        let pools = self.pools();
+        Box::pin(async move { kv(pools.await?.kv_get(&label, &key).await) })
     }
 
     fn kv_set(
@@ -205,62 +205,27 @@ impl HttpServices for Services {
         key: String,
         value: Vec<u8>,
     ) -> BoxFuture<'static, Result<(), KvError>> {
-        let state = self.state();
-        Box::pin(async move {
-            let state = state.map_err(KvError::Other)?;
-            let pools = state
-                .proxies()
-                .await
-                .map_err(|e| KvError::Other(e.to_string()))?;
-            pools
-                .kv_set(&label, &key, &value)
-                .await
-                .map_err(|e| KvError::Other(e.to_string()))
-        })
+        let pools = self.pools();
+        Box::pin(async move { kv(pools.await?.kv_set(&label, &key, &value).await) })
     }
 
     fn kv_delete(&self, label: String, key: String) -> BoxFuture<'static, Result<(), KvError>> {
-        let state = self.state();
-        Box::pin(async move {
-            let state = state.map_err(KvError::Other)?;
-            let pools = state
-                .proxies()
-                .await
-                .map_err(|e| KvError::Other(e.to_string()))?;
-            pools
-                .kv_delete(&label, &key)
-                .await
-                .map_err(|e| KvError::Other(e.to_string()))
-        })
+        let pools = self.pools();
+        Box::pin(async move { kv(pools.await?.kv_delete(&label, &key).await) })
     }
 
     fn kv_exists(&self, label: String, key: String) -> BoxFuture<'static, Result<bool, KvError>> {
-        let state = self.state();
-        Box::pin(async move {
-            let state = state.map_err(KvError::Other)?;
-            let pools = state
-                .proxies()
-                .await
-                .map_err(|e| KvError::Other(e.to_string()))?;
-            pools
-                .kv_exists(&label, &key)
-                .await
-                .map_err(|e| KvError::Other(e.to_string()))
-        })
+        let pools = self.pools();
+        Box::pin(async move { kv(pools.await?.kv_exists(&label, &key).await) })
     }
 
     fn kv_keys(&self, label: String) -> BoxFuture<'static, Result<Vec<String>, KvError>> {
-        let state = self.state();
-        Box::pin(async move {
-            let state = state.map_err(KvError::Other)?;
-            let pools = state
-                .proxies()
-                .await
-                .map_err(|e| KvError::Other(e.to_string()))?;
-            pools
-                .kv_keys(&label)
-                .await
-                .map_err(|e| KvError::Other(e.to_string()))
-        })
+        let pools = self.pools();
+        Box::pin(async move { kv(pools.await?.kv_keys(&label).await) })
     }
+}
+
+/// A key-value answer from Redis, as the guest hears it.
+fn kv<T>(answer: Result<T, KvFailure>) -> Result<T, KvError> {
+    answer.map_err(|e| KvError::Other(e.to_string()))
 }

@@ -83,19 +83,11 @@ impl Store {
         before: Option<i64>,
         limit: i64,
     ) -> Result<Vec<LogRow>, StoreError> {
-        let rows = self
-            .client()
-            .query(
-                &format!(
-                    "SELECT {LOG_COLUMNS} FROM processing_log
-                     WHERE user_id = $1 AND id < coalesce($2, 9223372036854775807)
-                     ORDER BY id DESC LIMIT $3"
-                ),
-                &[&user_id, &before, &limit],
-            )
-            .await
-            .context("reading a user's processing log")?;
-        Ok(rows.iter().map(log_row).collect())
+        self.log_rows(
+            "user_id = $1 AND id < coalesce($2, 9223372036854775807) ORDER BY id DESC LIMIT $3",
+            &[&user_id, &before, &limit],
+        )
+        .await
     }
 
     /// The newest `limit` log entries of a user that concern `award_id`:
@@ -107,20 +99,13 @@ impl Store {
         award_id: &str,
         limit: i64,
     ) -> Result<Vec<LogRow>, StoreError> {
-        let rows = self
-            .client()
-            .query(
-                &format!(
-                    "SELECT {LOG_COLUMNS} FROM processing_log
-                     WHERE user_id = $1
-                       AND (award_id = $2 OR (award_id IS NULL AND (deltas IS NULL OR deltas ? $2)))
-                     ORDER BY id DESC LIMIT $3"
-                ),
-                &[&user_id, &award_id, &limit],
-            )
-            .await
-            .context("reading a user's processing log")?;
-        Ok(rows.iter().map(log_row).collect())
+        self.log_rows(
+            "user_id = $1
+               AND (award_id = $2 OR (award_id IS NULL AND (deltas IS NULL OR deltas ? $2)))
+             ORDER BY id DESC LIMIT $3",
+            &[&user_id, &award_id, &limit],
+        )
+        .await
     }
 
     /// Log entries of a user's events `event_ids`, newest first.
@@ -129,18 +114,11 @@ impl Store {
         user_id: &str,
         event_ids: &[&str],
     ) -> Result<Vec<LogRow>, StoreError> {
-        let rows = self
-            .client()
-            .query(
-                &format!(
-                    "SELECT {LOG_COLUMNS} FROM processing_log
-                     WHERE user_id = $1 AND event_id = ANY($2) ORDER BY id DESC"
-                ),
-                &[&user_id, &event_ids],
-            )
-            .await
-            .context("reading a user's processing log")?;
-        Ok(rows.iter().map(log_row).collect())
+        self.log_rows(
+            "user_id = $1 AND event_id = ANY($2) ORDER BY id DESC",
+            &[&user_id, &event_ids],
+        )
+        .await
     }
 
     /// A user's content items that contribute to `share_key`
@@ -183,6 +161,23 @@ impl Store {
             .await
             .context("reading a user's content items")?;
         Ok(rows.iter().map(item_row).collect())
+    }
+
+    /// Processing-log entries matching `condition` (SQL after WHERE).
+    async fn log_rows(
+        &self,
+        condition: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<LogRow>, StoreError> {
+        let rows = self
+            .client()
+            .query(
+                &format!("SELECT {LOG_COLUMNS} FROM processing_log WHERE {condition}"),
+                params,
+            )
+            .await
+            .context("reading a user's processing log")?;
+        Ok(rows.iter().map(log_row).collect())
     }
 
     /// Answers if PostgreSQL does (health checks).

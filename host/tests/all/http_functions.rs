@@ -332,6 +332,18 @@ async fn spin_interfaces_outbound_hosts_and_limits_hold() {
     db.drop_database().await;
 }
 
+/// Why a server would not serve `manifest`.
+async fn refused(
+    db: &crate::support::TestDb,
+    registry: &Arc<laurel::registry::Registry>,
+    manifest: Manifest,
+) -> String {
+    Server::start_with_functions(&db.url, registry.clone(), None, Some((manifest, limits())))
+        .await
+        .err()
+        .expect("refused")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_component_with_an_import_laurel_lacks_is_refused_at_load() {
     let (db, registry) = crate::api::database_with("[]").await;
@@ -342,15 +354,7 @@ component = "forbidden"
 [component.forbidden]
 source = "http_forbidden.wasm"
 "#;
-    let error = Server::start_with_functions(
-        &db.url,
-        registry.clone(),
-        None,
-        Some((manifest(&app("refused"), 1, extra).unwrap(), limits())),
-    )
-    .await
-    .err()
-    .expect("refused");
+    let error = refused(&db, &registry, manifest(&app("refused"), 1, extra).unwrap()).await;
     assert!(
         error
             .starts_with("component `forbidden` cannot be served: it imports `spin:sqlite/sqlite@"),
@@ -363,15 +367,7 @@ source = "http_forbidden.wasm"
 route = "/admin/..."
 component = "p2"
 "#;
-    let error = Server::start_with_functions(
-        &db.url,
-        registry.clone(),
-        None,
-        Some((manifest(&app("refused"), 1, extra).unwrap(), limits())),
-    )
-    .await
-    .err()
-    .expect("refused");
+    let error = refused(&db, &registry, manifest(&app("refused"), 1, extra).unwrap()).await;
     assert_eq!(
         error,
         "spin.toml route `/admin/...` (component `p2`) overlaps Laurel's own /admin"
@@ -381,10 +377,7 @@ component = "p2"
     let missing = manifest(&app("refused"), 1, "").unwrap();
     let mut missing = missing;
     missing.components.get_mut("probe").unwrap().source = PathBuf::from("nowhere.wasm");
-    let error = Server::start_with_functions(&db.url, registry, None, Some((missing, limits())))
-        .await
-        .err()
-        .expect("refused");
+    let error = refused(&db, &registry, missing).await;
     assert!(
         error.starts_with("component `probe`: cannot read ") && error.contains("nowhere.wasm"),
         "{error}"

@@ -24,20 +24,21 @@ pub async fn user_awards(
     audience: Audience,
 ) -> Result<Value, ApiError> {
     let store = state.store().await?;
-    let user_state = store.user_state(user_id).await?;
+    // Polled together, the three queries are pipelined on the connection:
+    // one round trip instead of three.
+    let (user_state, achieved, counters) = tokio::try_join!(
+        store.user_state(user_id),
+        store.user_achievements(user_id),
+        store.user_counters(user_id)
+    )?;
+    drop(store);
     if user_state != "active" {
         return Err(ApiError::NotFound(match audience {
             Audience::User => format!("user {user_id} not found"),
             Audience::Admin => format!("user {user_id} is {user_state}"),
         }));
     }
-    let achieved: HashMap<String, crate::store::AchieveState> = store
-        .user_achievements(user_id)
-        .await?
-        .into_iter()
-        .collect();
-    let counters = store.user_counters(user_id).await?;
-    drop(store);
+    let achieved: HashMap<String, crate::store::AchieveState> = achieved.into_iter().collect();
     let snapshot = state.catalog.snapshot();
     let mut awards = Vec::with_capacity(snapshot.awards.len());
     for award in snapshot.awards.iter() {

@@ -77,6 +77,10 @@ pub async fn explain(
     .await
     .map_err(|e| ApiError::Unexpected(anyhow::anyhow!("planning the objectives failed: {e}")))?;
 
+    // The user's recent events from Kafka, run through each objective's
+    // filters and rule again (current versions): which filter stops what.
+    let (evaluated, recent_note) = recent_events(&state, &award, &sources, &user_id, events).await;
+
     let store = state.store().await?;
     let mut objectives = Vec::with_capacity(award.objectives.len());
     for (objective, sources) in award.objectives.iter().zip(sources) {
@@ -110,13 +114,20 @@ pub async fn explain(
             "counters": counters,
             "contributing": listed,
             "contributing_truncated": contributing.len() as i64 > CONTRIBUTING_MAX,
-            "not_contributing": idle.iter().map(|i| idle_item(i, &key, &idle_log)).collect::<Vec<_>>(),
+            "not_contributing": idle
+                .iter()
+                .map(|i| idle_item(i, &key, &idle_log, &objective.id, &evaluated))
+                .collect::<Vec<_>>(),
         }));
     }
     let recent = store.user_award_log(&user_id, &award.id, events).await?;
     summary["objectives"] = Value::Array(objectives);
     summary["user_id"] = Value::String(user_id);
     summary["recent_events"] = recent.iter().map(log_entry).collect();
+    summary["recent_events_evaluated"] = Value::Array(evaluated);
+    if let Some(note) = recent_note {
+        summary["recent_events_note"] = Value::String(note);
+    }
     Ok(Json(summary))
 }
 
@@ -135,7 +146,24 @@ fn contribution(item: &ItemRow) -> Value {
 
 /// An item that contributes nothing, with the log's word on why when the
 /// log has one: a filter that stopped it, or a rule that could not use it.
-fn idle_item(item: &ItemRow, key: &str, log: &[LogRow]) -> Value {
+fn idle_item(
+    item: &ItemRow,
+    key: &str,
+    log: &[LogRow],
+    objective_id: &str,
+    evaluated: &[Value],
+) -> Value {
+    // Its last event among those just evaluated: the answer, now.
+    let now = evaluated
+        .iter()
+        .find(|e| e["event_id"] == item.event_id.as_str())
+        .and_then(|e| {
+            e["objectives"]
+                .as_array()?
+                .iter()
+                .find(|o| o["objective_id"] == objective_id)
+                .and_then(|o| o["outcome"].as_str().map(str::to_string))
+        });
     let (award, objective) = key.split_once('/').unwrap_or((key, ""));
     let prefix = format!("{key}: ");
     let why = log
@@ -152,6 +180,7 @@ fn idle_item(item: &ItemRow, key: &str, log: &[LogRow]) -> Value {
                 .find_map(|part| part.strip_prefix(&prefix))
                 .map(str::to_string)
         })
+        .or(now)
         .unwrap_or_else(|| {
             "its last event did not pass this objective's filters, or its rule counted nothing"
                 .to_string()
@@ -163,4 +192,131 @@ fn idle_item(item: &ItemRow, key: &str, log: &[LogRow]) -> Value {
         "occurred_at": time(item.occurred_at),
         "why": why,
     })
+}
+
+/// Messages read back per partition and source to find a user's recent
+/// events.
+const SCAN_PER_PARTITION: i64 = 10_000;
+
+/// The user's newest `limit` events on the award's sources (from Kafka),
+/// each with what every objective's filters and rule make of it now; and a
+/// note when they could not be read.
+async fn recent_events(
+    state: &Arc<AppState>,
+    award: &definitions::AwardDefinition,
+    sources: &[Option<Vec<String>>],
+    user_id: &str,
+    limit: i64,
+) -> (Vec<Value>, Option<String>) {
+    let Some(brokers) = state.settings.kafka_brokers.clone() else {
+        return (
+            Vec::new(),
+            Some("this process has no Kafka brokers configured".into()),
+        );
+    };
+    let registered = match state.store().await {
+        Ok(store) => store.sources().await.unwrap_or_default(),
+        Err(error) => return (Vec::new(), Some(error.to_string())),
+    };
+    let wanted: Vec<_> = registered
+        .iter()
+        .filter(|s| {
+            sources
+                .iter()
+                .any(|o| o.as_ref().is_none_or(|list| list.contains(&s.name)))
+        })
+        .collect();
+    let mut envelopes = Vec::new();
+    let mut problems = Vec::new();
+    for source in wanted {
+        match crate::ingest::recent_messages(&brokers, &source.topic, user_id, SCAN_PER_PARTITION)
+            .await
+        {
+            Ok(payloads) => envelopes.extend(
+                payloads
+                    .iter()
+                    .filter_map(|p| crate::event::Envelope::parse(p).ok()),
+            ),
+            Err(error) => problems.push(error),
+        }
+    }
+    envelopes.sort_by_key(|e| std::cmp::Reverse(e.occurred_at));
+    envelopes.truncate(limit.max(0) as usize);
+    let (award, registry) = (award.clone(), Arc::clone(&state.registry));
+    let evaluated = tokio::task::spawn_blocking(move || evaluate(&award, &registry, &envelopes))
+        .await
+        .unwrap_or_default();
+    let note = (!problems.is_empty()).then(|| problems.join("; "));
+    (evaluated, note)
+}
+
+/// What each objective's filters and rule (current versions) make of
+/// each event.
+fn evaluate(
+    award: &definitions::AwardDefinition,
+    registry: &Arc<crate::registry::Registry>,
+    envelopes: &[crate::event::Envelope],
+) -> Vec<Value> {
+    let mut out = Vec::with_capacity(envelopes.len());
+    for envelope in envelopes {
+        let event = envelope.to_function_event();
+        let objectives: Vec<Value> = award
+            .objectives
+            .iter()
+            .map(|objective| {
+                json!({
+                    "objective_id": objective.id,
+                    "outcome": outcome(objective, registry, &event),
+                })
+            })
+            .collect();
+        out.push(json!({
+            "event_id": envelope.id,
+            "source": envelope.source,
+            "type": envelope.event_type,
+            "content_id": envelope.content_id,
+            "status": envelope.status,
+            "occurred_at": time(envelope.occurred_at),
+            "objectives": objectives,
+        }));
+    }
+    out
+}
+
+fn outcome(
+    objective: &definitions::ObjectiveDefinition,
+    registry: &Arc<crate::registry::Registry>,
+    event: &crate::runtime::Event,
+) -> String {
+    for filter in &objective.filters {
+        let answer = registry
+            .bind_filter(&filter.name, &filter.config_text())
+            .map_err(|e| e.to_string())
+            .and_then(|mut b| b.instance().matches([event]).map_err(|e| e.to_string()));
+        match answer.as_deref() {
+            Ok([true]) => {}
+            Ok(_) => return format!("excluded by filter {}", filter.name),
+            Err(error) => return format!("filter {} failed: {error}", filter.name),
+        }
+    }
+    let rule = &objective.rule;
+    let answer = registry
+        .bind_rule(&rule.name, &rule.config_text())
+        .map_err(|e| e.to_string())
+        .and_then(|mut b| b.instance().contribute([event]).map_err(|e| e.to_string()));
+    match answer {
+        Ok(mut answers) => match answers.pop() {
+            Some(Ok(Some(contribution))) => {
+                let counters: Vec<String> = contribution
+                    .counters
+                    .iter()
+                    .map(|c| format!("{} {}", c.name, c.value))
+                    .collect();
+                format!("rule {} counts {}", rule.name, counters.join(", "))
+            }
+            Some(Ok(None)) | None => format!("rule {} counts nothing", rule.name),
+            Some(Err(reason)) => format!("rule {} refused it: {reason}", rule.name),
+        },
+        Err(error) => format!("rule {} failed: {error}", rule.name),
+    }
 }

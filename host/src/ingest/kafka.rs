@@ -1,10 +1,11 @@
 //! Kafka clients and the local broker (librdkafka's mock cluster, which
 //! speaks the real protocol over TCP).
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::message::{Header, Message, OwnedHeaders};
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{DefaultProducerContext, FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
@@ -163,6 +164,78 @@ pub async fn publish(
         }
         Err((error, _)) => Err(anyhow::anyhow!("failed to publish to {topic}: {error}")),
     }
+}
+
+/// The payloads of the messages keyed `key` among the last `scan`
+/// messages of each partition of `topic`, oldest first per partition (for
+/// support tools: what a user's recent events were).
+pub async fn recent_messages(
+    brokers: &str,
+    topic: &str,
+    key: &str,
+    scan: i64,
+) -> Result<Vec<Vec<u8>>, String> {
+    const TIMEOUT: Duration = Duration::from_secs(3);
+    let (brokers, topic, key) = (brokers.to_string(), topic.to_string(), key.to_string());
+    tokio::task::spawn_blocking(move || {
+        let consumer: BaseConsumer = client_config(&brokers)
+            .set("group.id", "laurel-explain")
+            .set("enable.auto.commit", "false")
+            .create()
+            .map_err(|e| format!("Kafka client for {brokers}: {e}"))?;
+        let metadata = consumer
+            .fetch_metadata(Some(&topic), TIMEOUT)
+            .map_err(|e| format!("metadata of {topic}: {e}"))?;
+        let partitions: Vec<i32> = metadata
+            .topics()
+            .iter()
+            .filter(|t| t.name() == topic && t.error().is_none())
+            .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+            .collect();
+        // Declared after the consumer, so dropped before it (a list
+        // outliving its consumer makes the consumer's drop hang).
+        let mut assignment = TopicPartitionList::new();
+        let mut ends: HashMap<i32, i64> = HashMap::new();
+        for partition in partitions {
+            let (low, high) = consumer
+                .fetch_watermarks(&topic, partition, TIMEOUT)
+                .map_err(|e| format!("watermarks of {topic}/{partition}: {e}"))?;
+            if high > low {
+                assignment
+                    .add_partition_offset(&topic, partition, Offset::Offset((high - scan).max(low)))
+                    .map_err(|e| e.to_string())?;
+                ends.insert(partition, high);
+            }
+        }
+        let mut found = Vec::new();
+        if ends.is_empty() {
+            return Ok(found);
+        }
+        consumer
+            .assign(&assignment)
+            .map_err(|e| format!("reading {topic}: {e}"))?;
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !ends.is_empty() && std::time::Instant::now() < deadline {
+            match consumer.poll(Duration::from_millis(200)) {
+                Some(Ok(message)) => {
+                    if message.key() == Some(key.as_bytes()) {
+                        found.push(message.payload().unwrap_or_default().to_vec());
+                    }
+                    if ends
+                        .get(&message.partition())
+                        .is_some_and(|end| message.offset() + 1 >= *end)
+                    {
+                        ends.remove(&message.partition());
+                    }
+                }
+                Some(Err(error)) => return Err(format!("reading {topic}: {error}")),
+                None => {}
+            }
+        }
+        Ok(found)
+    })
+    .await
+    .map_err(|e| format!("reading recent events failed: {e}"))?
 }
 
 /// Answers if the brokers do: fetches the cluster's metadata within

@@ -13,7 +13,9 @@
 mod kafka;
 mod plan;
 
-pub use kafka::{EventPublisher, LocalBroker, check_brokers, consumer_lag, producer, publish};
+pub use kafka::{
+    EventPublisher, LocalBroker, check_brokers, consumer_lag, producer, publish, recent_messages,
+};
 pub use plan::{Evaluation, Plan};
 
 use std::collections::{HashMap, HashSet};

@@ -246,6 +246,20 @@ pub const AWARDS: &str = r#"[{
      "rule": {"name": "ContentStatusRule", "config": {"counters": {"active": "approved"}}},
      "progress_counter": "approved"}],
   "strategy": {"goal": 3, "operation": "sum", "strategy": [{"objective_id": "photos"}]}
+}, {
+  "id": "three-of-either", "title": "Three of either", "description": "Write 3 reviews or upload 3 photos",
+  "objectives": [
+    {"id": "reviews",
+     "filters": [{"name": "SourceFilter", "config": {"sources": ["reviews"]}},
+                 {"name": "StatusFilter", "config": {"statuses": ["active"]}}],
+     "rule": {"name": "CountRule", "config": {"counter": "count"}},
+     "progress_counter": "count"},
+    {"id": "photos",
+     "filters": [{"name": "SourceFilter", "config": {"sources": ["photos"]}},
+                 {"name": "StatusFilter", "config": {"statuses": ["active"]}}],
+     "rule": {"name": "CountRule", "config": {"counter": "count"}},
+     "progress_counter": "count"}],
+  "strategy": {"goal": 3, "operation": "sum", "strategy": [{"objective_id": "reviews"}, {"objective_id": "photos"}]}
 }]"#;
 
 fn award<'a>(awards: &'a Value, id: &str) -> &'a Value {
@@ -293,9 +307,33 @@ async fn progress_from_kafka_events_is_read_back_through_the_public_api() {
     let mut trip = event("t-1", "bss", "u-42", None, 1, json!({"distance_m": 5500}));
     trip["type"] = "navi.trip_finished".into();
     p.send(&trip).await;
+    // The write-up's other example: 1 review + 2 photos make "3 reviews or
+    // 3 photos" complete.
+    for n in 1..=2 {
+        let photo = event(
+            &format!("p43-{n}"),
+            "photos",
+            "u-43",
+            Some((&format!("photo43-{n}"), "active")),
+            n,
+            json!({}),
+        );
+        p.send(&photo).await;
+    }
+    p.send(&event(
+        "r43-1",
+        "reviews",
+        "u-43",
+        Some(("review43-1", "active")),
+        1,
+        json!({"object_id": "firm-9", "text": "short"}),
+    ))
+    .await;
     for source in ["photos", "reviews", "bss"] {
         p.settle(source, "u-42").await;
     }
+    p.settle("photos", "u-43").await;
+    p.settle("reviews", "u-43").await;
     p.awards_worker().await.drain().await.unwrap();
     let server = Server::start(
         &p.db.url,
@@ -331,6 +369,35 @@ async fn progress_from_kafka_events_is_read_back_through_the_public_api() {
     assert_eq!(three["progress"], json!(3));
     assert_eq!(three["completed"], true);
     assert!(three["completed_at"].as_str().unwrap().ends_with('Z'));
+
+    let either = award(&answer.body, "three-of-either");
+    assert_eq!(
+        (
+            either["progress"].clone(),
+            either["goal"].clone(),
+            either["completed"].clone()
+        ),
+        (json!(3), json!(3), json!(true)),
+        "4 units, capped at the goal: {either}"
+    );
+    let token = user_token("u-43", JWT_SECRET, 600);
+    let other = server.get("/v1/users/u-43/awards", Some(&token)).await;
+    assert_eq!(other.status, 200, "{}", other.body);
+    let either = award(&other.body, "three-of-either");
+    assert_eq!(
+        (
+            either["progress"].clone(),
+            either["remaining"].clone(),
+            either["completed"].clone()
+        ),
+        (json!(3), json!(0), json!(true)),
+        "{either}"
+    );
+    assert_eq!(
+        either["objectives"],
+        json!([{"objective_id": "reviews", "counters": {"count": 1}},
+               {"objective_id": "photos", "counters": {"count": 2}}])
+    );
 
     // A user with nothing yet: every award at zero, its goal from the strategy.
     let token = user_token("u-new", JWT_SECRET, 600);
@@ -519,7 +586,7 @@ async fn a_user_reads_only_their_own_awards_with_a_valid_token() {
         .get(path, Some(&user_token("u-1", JWT_SECRET, 600)))
         .await;
     assert_eq!(own.status, 200);
-    assert_eq!(own.body["awards"].as_array().unwrap().len(), 2);
+    assert_eq!(own.body["awards"].as_array().unwrap().len(), 3);
 
     // Banned or deleted: 404.
     let store = db.store().await;

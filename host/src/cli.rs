@@ -796,6 +796,11 @@ fn demo_secrets(settings: &mut Settings) {
         "  curl -H 'Authorization: Bearer {admin}' {base}/admin/v1/users/u-42/awards/content-maker/explain"
     );
     println!("  curl {base}/metrics");
+    if settings.spin_manifest().is_some() {
+        println!(
+            "  curl {base}/badges/u-42/content-maker    (an HTTP function from spin.toml: an SVG badge)"
+        );
+    }
 }
 
 /// Creates `events.<source>` and its dead-letter topic on the local broker

@@ -251,72 +251,123 @@ async fn recent_events(
 }
 
 /// What each objective's filters and rule (current versions) make of
-/// each event.
+/// What each objective's filters and rule (current versions) make of
+/// each event: each function bound once and called with the whole batch,
+/// filter by filter on what the previous ones passed, as ingest does.
 fn evaluate(
     award: &definitions::AwardDefinition,
     registry: &Arc<crate::registry::Registry>,
     envelopes: &[crate::event::Envelope],
 ) -> Vec<Value> {
-    let mut out = Vec::with_capacity(envelopes.len());
-    for envelope in envelopes {
-        let event = envelope.to_function_event();
-        let objectives: Vec<Value> = award
-            .objectives
-            .iter()
-            .map(|objective| {
-                json!({
-                    "objective_id": objective.id,
-                    "outcome": outcome(objective, registry, &event),
+    let events: Vec<crate::runtime::Event> =
+        envelopes.iter().map(|e| e.to_function_event()).collect();
+    let outcomes: Vec<Vec<String>> = award
+        .objectives
+        .iter()
+        .map(|objective| outcomes(objective, registry, &events))
+        .collect();
+    envelopes
+        .iter()
+        .enumerate()
+        .map(|(index, envelope)| {
+            let objectives: Vec<Value> = award
+                .objectives
+                .iter()
+                .zip(&outcomes)
+                .map(|(objective, outcomes)| {
+                    json!({"objective_id": objective.id, "outcome": outcomes[index]})
                 })
+                .collect();
+            json!({
+                "event_id": envelope.id,
+                "source": envelope.source,
+                "type": envelope.event_type,
+                "content_id": envelope.content_id,
+                "status": envelope.status,
+                "occurred_at": time(envelope.occurred_at),
+                "objectives": objectives,
             })
-            .collect();
-        out.push(json!({
-            "event_id": envelope.id,
-            "source": envelope.source,
-            "type": envelope.event_type,
-            "content_id": envelope.content_id,
-            "status": envelope.status,
-            "occurred_at": time(envelope.occurred_at),
-            "objectives": objectives,
-        }));
-    }
-    out
+        })
+        .collect()
 }
 
-fn outcome(
+/// One objective's outcome for each of `events`.
+fn outcomes(
     objective: &definitions::ObjectiveDefinition,
     registry: &Arc<crate::registry::Registry>,
-    event: &crate::runtime::Event,
-) -> String {
+    events: &[crate::runtime::Event],
+) -> Vec<String> {
+    let mut outcomes: Vec<Option<String>> = vec![None; events.len()];
+    let mut passing: Vec<usize> = (0..events.len()).collect();
     for filter in &objective.filters {
-        let answer = registry
+        if passing.is_empty() {
+            break;
+        }
+        let answers = registry
             .bind_filter(&filter.name, &filter.config_text())
             .map_err(|e| e.to_string())
-            .and_then(|mut b| b.instance().matches([event]).map_err(|e| e.to_string()));
-        match answer.as_deref() {
-            Ok([true]) => {}
-            Ok(_) => return format!("excluded by filter {}", filter.name),
-            Err(error) => return format!("filter {} failed: {error}", filter.name),
+            .and_then(|mut b| {
+                b.instance()
+                    .matches(passing.iter().map(|&i| &events[i]))
+                    .map_err(|e| e.to_string())
+            });
+        match answers {
+            Ok(answers) => {
+                passing = passing
+                    .into_iter()
+                    .zip(answers)
+                    .filter_map(|(i, ok)| {
+                        if !ok {
+                            outcomes[i] = Some(format!("excluded by filter {}", filter.name));
+                        }
+                        ok.then_some(i)
+                    })
+                    .collect();
+            }
+            Err(error) => {
+                for &i in &passing {
+                    outcomes[i] = Some(format!("filter {} failed: {error}", filter.name));
+                }
+                passing.clear();
+            }
         }
     }
-    let rule = &objective.rule;
-    let answer = registry
-        .bind_rule(&rule.name, &rule.config_text())
-        .map_err(|e| e.to_string())
-        .and_then(|mut b| b.instance().contribute([event]).map_err(|e| e.to_string()));
-    match answer {
-        Ok(mut answers) => match answers.pop() {
-            Some(Ok(Some(contribution))) => {
-                let counters: Vec<String> = contribution
-                    .counters
-                    .iter()
-                    .map(|c| format!("{} {}", c.name, c.value))
-                    .collect();
-                format!("rule {} counts {}", rule.name, counters.join(", "))
+    if !passing.is_empty() {
+        let rule = &objective.rule;
+        let answers = registry
+            .bind_rule(&rule.name, &rule.config_text())
+            .map_err(|e| e.to_string())
+            .and_then(|mut b| {
+                b.instance()
+                    .contribute(passing.iter().map(|&i| &events[i]))
+                    .map_err(|e| e.to_string())
+            });
+        match answers {
+            Ok(answers) => {
+                for (&i, answer) in passing.iter().zip(answers) {
+                    outcomes[i] = Some(match answer {
+                        Ok(Some(contribution)) => {
+                            let counters: Vec<String> = contribution
+                                .counters
+                                .iter()
+                                .map(|c| format!("{} {}", c.name, c.value))
+                                .collect();
+                            format!("rule {} counts {}", rule.name, counters.join(", "))
+                        }
+                        Ok(None) => format!("rule {} counts nothing", rule.name),
+                        Err(reason) => format!("rule {} refused it: {reason}", rule.name),
+                    });
+                }
             }
-            Some(Ok(None)) | None => format!("rule {} counts nothing", rule.name),
-            Some(Err(reason)) => format!("rule {} refused it: {reason}", rule.name),
-        },
-        Err(error) => format!("rule {} failed: {error}", rule.name),
+            Err(error) => {
+                for &i in &passing {
+                    outcomes[i] = Some(format!("rule {} failed: {error}", rule.name));
+                }
+            }
+        }
     }
+    outcomes
+        .into_iter()
+        .map(Option::unwrap_or_default)
+        .collect()
 }

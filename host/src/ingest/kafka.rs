@@ -166,6 +166,19 @@ pub async fn publish(
     }
 }
 
+/// The partitions of `topic` (none if it does not exist).
+fn partitions(consumer: &BaseConsumer, topic: &str, timeout: Duration) -> Result<Vec<i32>, String> {
+    let metadata = consumer
+        .fetch_metadata(Some(topic), timeout)
+        .map_err(|e| format!("metadata of {topic}: {e}"))?;
+    Ok(metadata
+        .topics()
+        .iter()
+        .filter(|t| t.name() == topic && t.error().is_none())
+        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+        .collect())
+}
+
 /// The payloads of the messages keyed `key` among the last `scan`
 /// messages of each partition of `topic`, oldest first per partition (for
 /// support tools: what a user's recent events were).
@@ -183,15 +196,7 @@ pub async fn recent_messages(
             .set("enable.auto.commit", "false")
             .create()
             .map_err(|e| format!("Kafka client for {brokers}: {e}"))?;
-        let metadata = consumer
-            .fetch_metadata(Some(&topic), TIMEOUT)
-            .map_err(|e| format!("metadata of {topic}: {e}"))?;
-        let partitions: Vec<i32> = metadata
-            .topics()
-            .iter()
-            .filter(|t| t.name() == topic && t.error().is_none())
-            .flat_map(|t| t.partitions().iter().map(|p| p.id()))
-            .collect();
+        let partitions = partitions(&consumer, &topic, TIMEOUT)?;
         // Declared after the consumer, so dropped before it (a list
         // outliving its consumer makes the consumer's drop hang).
         let mut assignment = TopicPartitionList::new();
@@ -267,15 +272,7 @@ pub async fn consumer_lag(brokers: &str, group: &str, topic: &str) -> Result<i64
             .set("enable.auto.commit", "false")
             .create()
             .map_err(|e| format!("Kafka client for {brokers}: {e}"))?;
-        let metadata = consumer
-            .fetch_metadata(Some(&topic), TIMEOUT)
-            .map_err(|e| format!("metadata of {topic}: {e}"))?;
-        let partitions: Vec<i32> = metadata
-            .topics()
-            .iter()
-            .filter(|t| t.name() == topic && t.error().is_none())
-            .flat_map(|t| t.partitions().iter().map(|p| p.id()))
-            .collect();
+        let partitions = partitions(&consumer, &topic, TIMEOUT)?;
         if partitions.is_empty() {
             return Err(format!("topic {topic} does not exist"));
         }

@@ -17,3 +17,10 @@ pub mod registry;
 pub mod runtime;
 pub mod settings;
 pub mod store;
+
+/// Every binary linking Laurel (the `laurel` command, tests, benchmarks)
+/// allocates through mimalloc: ingest builds and drops many small maps and
+/// JSON values per batch, and glibc's allocator spent about a quarter of
+/// its CPU on that (perf, `cargo bench --bench ingest`).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;

@@ -159,6 +159,12 @@ fn main() {
         admin.batch_execute("DROP DATABASE IF EXISTS laurel_bench_ingest WITH (FORCE)").await.unwrap();
         let mut store = Store::connect(&url).await.unwrap();
         store.migrate().await.unwrap();
+        // A/B knob: schema or settings changes to try, e.g.
+        // LAUREL_BENCH_SQL="ALTER TABLE user_objective SET (fillfactor = 80)".
+        if let Ok(extra) = std::env::var("LAUREL_BENCH_SQL") {
+            sql(&url).await.batch_execute(&extra).await.unwrap();
+            println!("(extra SQL: {extra})");
+        }
         let runtime = Runtime::new(Limits::default(), None).unwrap();
         laurel::library::register(&mut store, &runtime).await.unwrap();
         let registry = Registry::start(&url, runtime).await.unwrap();

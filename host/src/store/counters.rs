@@ -15,8 +15,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
-use serde_json::{Value, json};
+use serde_json::Value;
 
+use super::json_text::{JsonText, ObjectWriter, counters_text, push_counters, push_str};
 use super::{QueryContext, Store, StoreError};
 
 pub type Counters = BTreeMap<String, i64>;
@@ -114,10 +115,6 @@ fn add(into: &mut Counters, from: &Counters, sign: i64) {
 
 fn nonzero(counters: Counters) -> Counters {
     counters.into_iter().filter(|(_, v)| *v != 0).collect()
-}
-
-fn counters_json(counters: &Counters) -> Value {
-    json!(counters)
 }
 
 pub(crate) fn counters_from(value: &Value) -> Counters {
@@ -256,6 +253,15 @@ impl Store {
             .transaction()
             .await
             .context("starting a batch")?;
+        // Every read below is a batch of keys joined to a primary key. With
+        // thousands of keys the planner prefers hashing the whole table
+        // (seq scans in parallel workers), a cost that grows with the table
+        // instead of the batch: index lookups only.
+        tx.batch_execute(
+            "SET LOCAL max_parallel_workers_per_gather = 0; SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off",
+        )
+        .await
+        .context("setting up a batch")?;
 
         // Per-user locks, in one order: a user's batches apply one at a time.
         let users: BTreeSet<&str> = outcomes.iter().map(|o| o.user_id.as_str()).collect();
@@ -366,8 +372,20 @@ impl Store {
             .context("reading applied events")?
         };
         let seen_additive: HashSet<&str> = seen_rows.iter().map(|r| r.get(0)).collect();
-        let mut newly_applied: Vec<&str> = Vec::new();
+        // A set: a batch holds thousands of additive events.
+        let mut newly_applied: BTreeSet<&str> = BTreeSet::new();
         let mut added_here: HashSet<(&str, &str, &str)> = HashSet::new();
+
+        // Each objective's function versions as JSON text, written once per
+        // batch: the outcomes of one objective share them.
+        // Keyed by the shared value's address.
+        let mut function_texts: HashMap<usize, String> = HashMap::new();
+        let mut functions_text = |o: &Outcome| -> String {
+            function_texts
+                .entry(Arc::as_ptr(&o.functions) as usize)
+                .or_insert_with(|| o.functions.to_string())
+                .clone()
+        };
 
         // Events in stream order; an event's outcomes are adjacent.
         let mut deltas: BTreeMap<ObjectiveKey<'_>, Counters> = BTreeMap::new();
@@ -392,6 +410,7 @@ impl Store {
                         entries.push(LogRow::skip(
                             first,
                             "older than the last applied event for this content item",
+                            functions_text(first),
                         ));
                         continue;
                     }
@@ -410,8 +429,8 @@ impl Store {
             }
 
             // One log row per event: what it changed, objective by objective.
-            let mut changes = serde_json::Map::new();
-            let mut versions = serde_json::Map::new();
+            // (award, objective, delta, function versions) of what changed.
+            let mut changes: Vec<(&str, &str, Counters, String)> = Vec::new();
             let mut duplicate = false;
             // Which objectives' filters now stop this item, where that
             // moved counters.
@@ -428,11 +447,7 @@ impl Store {
                             duplicate = true;
                             continue;
                         }
-                        if newly_applied.last() != Some(&o.event_id.as_str())
-                            && !newly_applied.contains(&o.event_id.as_str())
-                        {
-                            newly_applied.push(&o.event_id);
-                        }
+                        newly_applied.insert(&o.event_id);
                         nonzero(counters.clone())
                     }
                     (effect, Some(content)) => {
@@ -466,6 +481,7 @@ impl Store {
                         entries.push(LogRow::reject(
                             o,
                             "a content contribution without a content_id",
+                            functions_text(o),
                         ));
                         continue;
                     }
@@ -480,27 +496,17 @@ impl Store {
                     ));
                 }
                 applied.changed += 1;
-                nest(
-                    &mut changes,
-                    &o.award_id,
-                    &o.objective_id,
-                    counters_json(&delta),
-                );
-                nest(
-                    &mut versions,
-                    &o.award_id,
-                    &o.objective_id,
-                    (*o.functions).clone(),
-                );
                 add(deltas.entry(objective).or_default(), &delta, 1);
+                changes.push((&o.award_id, &o.objective_id, delta, functions_text(o)));
             }
             if !changes.is_empty() {
                 let reason = (!excluded.is_empty()).then(|| Cow::Owned(excluded.join("; ")));
+                let (deltas, versions) = nested(&mut changes);
                 entries.push(LogRow::event(
                     first,
                     "applied",
                     reason,
-                    Some(Value::Object(changes)),
+                    Some(deltas),
                     Some(versions),
                 ));
             } else if duplicate {
@@ -517,27 +523,31 @@ impl Store {
         // Write back: items (with their shares), group memberships, counters
         // (new versions), applied ids, log.
         if !dirty_items.is_empty() {
-            let mut shares: BTreeMap<(&str, &str), serde_json::Map<String, Value>> = dirty_items
+            // shares = {"<award>/<objective>": {"c": counters, "k": dedup key}}
+            let mut shares: BTreeMap<(&str, &str), ObjectWriter> = dirty_items
                 .iter()
-                .map(|k| (*k, serde_json::Map::new()))
+                .map(|k| (*k, ObjectWriter::new()))
                 .collect();
             for ((user, award, objective, content), stored) in &view.items {
                 if stored.counters.is_empty() && stored.dedup_key.is_none() {
                     continue;
                 }
-                if let Some(map) = shares.get_mut(&(*user, *content)) {
-                    let mut share = serde_json::Map::new();
-                    share.insert("c".into(), counters_json(&stored.counters));
+                if let Some(object) = shares.get_mut(&(*user, *content)) {
+                    let out = object.key(&format!("{award}/{objective}"));
+                    out.push_str("{\"c\":");
+                    push_counters(out, &stored.counters);
                     if let Some(key) = stored.dedup_key {
-                        share.insert("k".into(), Value::String(key.to_string()));
+                        out.push_str(",\"k\":");
+                        push_str(out, key);
                     }
-                    map.insert(format!("{award}/{objective}"), Value::Object(share));
+                    out.push('}');
                 }
             }
             let (u, c): (Vec<&str>, Vec<&str>) = dirty_items.iter().copied().unzip();
             let at: Vec<DateTime<Utc>> = dirty_items.iter().map(|k| items[k].occurred_at).collect();
             let event: Vec<&str> = dirty_items.iter().map(|k| items[k].event_id).collect();
-            let shares: Vec<Value> = shares.into_values().map(Value::Object).collect();
+            let shares: Vec<String> = shares.into_values().map(ObjectWriter::finish).collect();
+            let shares: Vec<JsonText<'_>> = shares.iter().map(|s| JsonText(s)).collect();
             tx.execute(
                 "INSERT INTO content_items (user_id, source, content_id, occurred_at, event_id, shares)
                  SELECT u, $1, c, t, e, s
@@ -627,14 +637,15 @@ impl Store {
                     )
                 })
                 .collect();
-            let totals: Vec<Value> = deltas
+            let totals: Vec<String> = deltas
                 .iter()
                 .map(|(k, d)| {
                     let mut total = current.get(k).cloned().unwrap_or_default();
                     add(&mut total, d, 1);
-                    counters_json(&total)
+                    counters_text(&total)
                 })
                 .collect();
+            let totals: Vec<JsonText<'_>> = totals.iter().map(|t| JsonText(t)).collect();
             tx.execute(
                 "INSERT INTO user_objective (user_id, award_id, objective_id, counters, version)
                  SELECT u, a, o, c, nextval('laurel_version')
@@ -648,6 +659,7 @@ impl Store {
             applied.objectives = deltas.len();
         }
         if !newly_applied.is_empty() {
+            let newly_applied: Vec<&str> = newly_applied.into_iter().collect();
             tx.execute(
                 "INSERT INTO applied_events (source, event_id) SELECT $1, unnest($2::text[]) ON CONFLICT DO NOTHING",
                 &[&source, &newly_applied],
@@ -764,14 +776,23 @@ fn unzip4<'a>(
     (a, b, c, d)
 }
 
-/// `map[award][objective] = value`.
-fn nest(map: &mut serde_json::Map<String, Value>, award: &str, objective: &str, value: Value) {
-    let per_award = map
-        .entry(award.to_string())
-        .or_insert_with(|| Value::Object(Default::default()));
-    if let Value::Object(objectives) = per_award {
-        objectives.insert(objective.to_string(), value);
+/// An event's changes as two JSON objects keyed by award, then objective:
+/// the deltas, and the function versions that decided them.
+fn nested(changes: &mut [(&str, &str, Counters, String)]) -> (String, String) {
+    changes.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+    let (mut deltas, mut versions) = (ObjectWriter::new(), ObjectWriter::new());
+    for per_award in changes.chunk_by(|a, b| a.0 == b.0) {
+        let (mut award_deltas, mut award_versions) = (ObjectWriter::new(), ObjectWriter::new());
+        for (_, objective, delta, functions) in per_award {
+            push_counters(award_deltas.key(objective), delta);
+            award_versions.key(objective).push_str(functions);
+        }
+        deltas.key(per_award[0].0).push_str(&award_deltas.finish());
+        versions
+            .key(per_award[0].0)
+            .push_str(&award_versions.finish());
     }
+    (deltas.finish(), versions.finish())
 }
 
 /// A processing-log row. An applied event has one row, its `deltas` and
@@ -783,8 +804,10 @@ struct LogRow<'a> {
     objective_id: Option<&'a str>,
     outcome: &'static str,
     reason: Option<Cow<'a, str>>,
-    deltas: Option<Value>,
-    functions: Option<Cow<'a, Value>>,
+    /// JSON text.
+    deltas: Option<String>,
+    /// JSON text.
+    functions: Option<String>,
 }
 
 impl<'a> LogRow<'a> {
@@ -792,7 +815,7 @@ impl<'a> LogRow<'a> {
         o: &'a Outcome,
         outcome: &'static str,
         reason: Option<Cow<'a, str>>,
-        deltas: Option<Value>,
+        functions: String,
     ) -> LogRow<'a> {
         LogRow {
             event_id: Some(&o.event_id),
@@ -801,8 +824,8 @@ impl<'a> LogRow<'a> {
             objective_id: Some(&o.objective_id),
             outcome,
             reason,
-            deltas,
-            functions: Some(Cow::Borrowed(&*o.functions)),
+            deltas: None,
+            functions: Some(functions),
         }
     }
 
@@ -811,8 +834,8 @@ impl<'a> LogRow<'a> {
         o: &'a Outcome,
         outcome: &'static str,
         reason: Option<Cow<'a, str>>,
-        deltas: Option<Value>,
-        functions: Option<serde_json::Map<String, Value>>,
+        deltas: Option<String>,
+        functions: Option<String>,
     ) -> LogRow<'a> {
         LogRow {
             event_id: Some(&o.event_id),
@@ -822,16 +845,16 @@ impl<'a> LogRow<'a> {
             outcome,
             reason,
             deltas,
-            functions: functions.map(|f| Cow::Owned(Value::Object(f))),
+            functions,
         }
     }
 
-    fn skip(o: &'a Outcome, reason: &'static str) -> LogRow<'a> {
-        LogRow::of(o, "skipped", Some(reason.into()), None)
+    fn skip(o: &'a Outcome, reason: &'static str, functions: String) -> LogRow<'a> {
+        LogRow::of(o, "skipped", Some(reason.into()), functions)
     }
 
-    fn reject(o: &'a Outcome, reason: &'static str) -> LogRow<'a> {
-        LogRow::of(o, "rejected", Some(reason.into()), None)
+    fn reject(o: &'a Outcome, reason: &'static str, functions: String) -> LogRow<'a> {
+        LogRow::of(o, "rejected", Some(reason.into()), functions)
     }
 
     fn from_entry(e: &'a LogEntry) -> LogRow<'a> {
@@ -843,7 +866,7 @@ impl<'a> LogRow<'a> {
             outcome: e.outcome,
             reason: Some(Cow::Borrowed(&e.reason)),
             deltas: None,
-            functions: e.functions.as_deref().map(Cow::Borrowed),
+            functions: e.functions.as_deref().map(Value::to_string),
         }
     }
 }
@@ -861,8 +884,14 @@ async fn write_log(
     let objective: Vec<Option<&str>> = rows.iter().map(|r| r.objective_id).collect();
     let outcome: Vec<&str> = rows.iter().map(|r| r.outcome).collect();
     let reason: Vec<Option<&str>> = rows.iter().map(|r| r.reason.as_deref()).collect();
-    let deltas: Vec<Option<&Value>> = rows.iter().map(|r| r.deltas.as_ref()).collect();
-    let functions: Vec<Option<&Value>> = rows.iter().map(|r| r.functions.as_deref()).collect();
+    let deltas: Vec<Option<JsonText<'_>>> = rows
+        .iter()
+        .map(|r| r.deltas.as_deref().map(JsonText))
+        .collect();
+    let functions: Vec<Option<JsonText<'_>>> = rows
+        .iter()
+        .map(|r| r.functions.as_deref().map(JsonText))
+        .collect();
     tx.execute(
         "INSERT INTO processing_log (source, event_id, user_id, award_id, objective_id, outcome, reason, deltas, functions)
          SELECT $1, * FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::jsonb[], $9::jsonb[])",

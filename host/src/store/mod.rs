@@ -7,6 +7,7 @@ mod achievements;
 mod awards;
 mod counters;
 mod functions;
+mod json_text;
 mod migrations;
 mod notifications;
 mod pool;

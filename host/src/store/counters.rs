@@ -253,15 +253,6 @@ impl Store {
             .transaction()
             .await
             .context("starting a batch")?;
-        // Every read below is a batch of keys joined to a primary key. With
-        // thousands of keys the planner prefers hashing the whole table
-        // (seq scans in parallel workers), a cost that grows with the table
-        // instead of the batch: index lookups only.
-        tx.batch_execute(
-            "SET LOCAL max_parallel_workers_per_gather = 0; SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off",
-        )
-        .await
-        .context("setting up a batch")?;
 
         // Per-user locks, in one order: a user's batches apply one at a time.
         let users: BTreeSet<&str> = outcomes.iter().map(|o| o.user_id.as_str()).collect();

@@ -4,7 +4,13 @@
 //! measured in the same run: PostgreSQL's rate of batched UNNEST upserts
 //! (500 rows per transaction) of the same shape as the counters.
 //!
-//! cargo bench -p laurel --bench ingest            (LAUREL_BENCH_EVENTS=100000)
+//! cargo bench -p laurel --bench ingest            (LAUREL_BENCH_EVENTS=300000)
+//!
+//! 300,000 events make a window of about 10 s: with 100,000 (about 4 s) the
+//! start (the first batches, cold caches) and the end (sources finishing
+//! their last batches one after another) are a quarter of the time. Every
+//! message fits in the mock cluster's retention (about 4 MiB per partition
+//! against its 5 MiB).
 //!
 //! Uses the database `laurel_bench_ingest` on 127.0.0.1 (dropped and made
 //! anew each run; LAUREL_BENCH_SERVER_URL to change the server).
@@ -146,7 +152,7 @@ fn main() {
     let count: usize = std::env::var("LAUREL_BENCH_EVENTS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(100_000);
+        .unwrap_or(300_000);
     let server = std::env::var("LAUREL_BENCH_SERVER_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into());
     let url = format!("{server}/laurel_bench_ingest");

@@ -485,8 +485,19 @@ async fn work(
             if *stop.borrow() {
                 return;
             }
+            let started = Instant::now();
             let mut busy = match worker.cycle().await {
-                Ok(outcome) => outcome.claimed as i64 >= settings.batch,
+                Ok(outcome) => {
+                    if outcome.claimed > 0 {
+                        debug!(
+                            message = "Awards cycle.",
+                            worker = n,
+                            claimed = outcome.claimed,
+                            ms = started.elapsed().as_millis() as u64
+                        );
+                    }
+                    outcome.claimed as i64 >= settings.batch
+                }
                 Err(error) => {
                     warn!(message = "Awards cycle failed; its changes stay queued.", worker = n, %error);
                     tokio::time::sleep(backoff).await;

@@ -163,6 +163,12 @@ fn main() {
             .unwrap();
         let mut store = Store::connect(&url).await.unwrap();
         store.migrate().await.unwrap();
+        // A/B knob: schema or settings changes to try, e.g.
+        // LAUREL_BENCH_SQL="ALTER TABLE user_achieve SET (fillfactor = 85)".
+        if let Ok(extra) = std::env::var("LAUREL_BENCH_SQL") {
+            sql(&url).await.batch_execute(&extra).await.unwrap();
+            println!("(extra SQL: {extra})");
+        }
         let runtime = Runtime::new(Limits::default(), None).unwrap();
         laurel::library::register(&mut store, &runtime)
             .await

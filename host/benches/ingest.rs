@@ -196,7 +196,7 @@ fn main() {
         }
 
         let catalog = Catalog::start(&url).await.unwrap();
-        let batch_size = std::env::var("LAUREL_BATCH_SIZE").ok().and_then(|v| v.parse().ok()).unwrap_or(5000);
+        let batch_size = std::env::var("LAUREL_BATCH_SIZE").ok().and_then(|v| v.parse().ok()).unwrap_or(IngestSettings::new("").batch_size);
         let settings = IngestSettings {
             session_timeout: Duration::from_secs(6),
             batch_size,

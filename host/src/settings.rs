@@ -70,7 +70,12 @@ pub struct Settings {
     /// Most events per batch (one database transaction); a batch closes
     /// sooner when LAUREL_BATCH_WAIT_MS passes, so this only matters under
     /// load, where larger transactions go faster.
-    #[arg(long, global = true, env = "LAUREL_BATCH_SIZE", default_value_t = 5000)]
+    #[arg(
+        long,
+        global = true,
+        env = "LAUREL_BATCH_SIZE",
+        default_value_t = 10_000
+    )]
     pub batch_size: usize,
 
     /// Longest wait to fill a batch, in milliseconds.

@@ -59,7 +59,7 @@ impl IngestSettings {
         IngestSettings {
             brokers: brokers.into(),
             group_prefix: "laurel".to_string(),
-            batch_size: 5000,
+            batch_size: 10_000,
             batch_wait: Duration::from_millis(50),
             max_event_bytes: 1 << 20,
             session_timeout: Duration::from_secs(10),

@@ -3,6 +3,13 @@
 //! original design scanned, so its cost grew with the table; change markers
 //! should keep it flat), and the changes/s one worker sustains.
 //!
+//! Each timed round changes 10,000 random rows of the first N rows; round
+//! i changes the same rows at N and at 10 x N, so the two sizes differ only
+//! in the rows that did not change. A third measure, at 10 x N, spreads
+//! the changes over all the rows: more distinct pages per round, so it also
+//! shows what a larger working set costs (PostgreSQL's buffers, the OS page
+//! cache), which no change detection can avoid.
+//!
 //! cargo bench -p laurel --bench awards        (LAUREL_BENCH_ROWS=1000000)
 //!
 //! Uses the database `laurel_bench_awards` on 127.0.0.1 (dropped and made
@@ -102,16 +109,24 @@ fn xorshift(state: &mut u64) -> u64 {
     *state
 }
 
-/// Changes `CHANGES` random rows (one transaction, as ingest would), then
-/// times the worker computing them. Returns seconds per round.
+/// Per round: changes `CHANGES` random rows of users `0..users` (one
+/// transaction, as ingest would), then times the worker computing them.
+/// The same seed changes the same rows. Returns the median seconds per
+/// round and the mean WAL the worker wrote per round (bytes).
 async fn measure(
     client: &tokio_postgres::Client,
     worker: &mut AwardsWorker,
     users: i64,
     seed: u64,
-) -> Vec<f64> {
+) -> (f64, f64) {
+    // Each measure starts from a checkpoint: the first change to a page
+    // after one writes the whole page to the WAL, and when the fill's last
+    // checkpoint happened would otherwise decide how many of those a
+    // measure pays for.
+    client.batch_execute("CHECKPOINT").await.unwrap();
     let mut rng = seed;
     let mut times = Vec::new();
+    let mut wal = 0.0;
     for _ in 0..ROUNDS {
         let mut keys = std::collections::BTreeSet::new();
         while keys.len() < CHANGES {
@@ -130,12 +145,26 @@ async fn measure(
             )
             .await
             .unwrap();
+        let before = wal_position(client).await;
         let started = Instant::now();
         let outcome = worker.drain().await.unwrap();
         times.push(started.elapsed().as_secs_f64());
+        wal += (wal_position(client).await - before) / ROUNDS as f64;
         assert_eq!(outcome.claimed, CHANGES, "every change found, once");
     }
-    times
+    let rounds: Vec<String> = times.iter().map(|t| format!("{t:.3}")).collect();
+    eprintln!("rounds (s): {}", rounds.join(" "));
+    (median(times), wal)
+}
+
+/// Where the server's write-ahead log ends, in bytes (nothing else writes
+/// during a timed drain, so the difference is the worker's).
+async fn wal_position(client: &tokio_postgres::Client) -> f64 {
+    let row = client
+        .query_one("SELECT (pg_current_wal_insert_lsn() - '0/0')::float8", &[])
+        .await
+        .unwrap();
+    row.get(0)
 }
 
 fn median(mut values: Vec<f64>) -> f64 {
@@ -190,25 +219,32 @@ fn main() {
         let small_users = rows / AWARDS;
         fill(&client, 0, small_users).await;
         worker.drain().await.unwrap();
-        let small = median(measure(&client, &mut worker, small_users, 0x5eed).await);
+        let (small, small_wal) = measure(&client, &mut worker, small_users, 0x5eed).await;
         fill(&client, small_users, small_users * 10).await;
-        let large = median(measure(&client, &mut worker, small_users * 10, 0xfeed).await);
+        let (large, large_wal) = measure(&client, &mut worker, small_users, 0x5eed).await;
+        let (spread, spread_wal) = measure(&client, &mut worker, small_users * 10, 0xfeed).await;
         println!(
             "Awards worker, {CHANGES} changed rows, median of {ROUNDS} (batch {}):",
             AwardsSettings::default().batch
         );
+        let line = |label: &str, rows: i64, seconds: f64, wal: f64| {
+            println!(
+                "  {:>10} user_objective rows, {label}: {seconds:.3} s per {CHANGES} changes ({:.0} changes/s, {:.1} MB of WAL)",
+                rows,
+                CHANGES as f64 / seconds,
+                wal / 1e6
+            )
+        };
+        line("changes in the first N", rows, small, small_wal);
+        line("the same changes", rows * 10, large, large_wal);
+        line("changes spread over all", rows * 10, spread, spread_wal);
         println!(
-            "  {:>10} user_objective rows: {:.3} s per {CHANGES} changes ({:.0} changes/s)",
-            rows,
-            small,
-            CHANGES as f64 / small
+            "Ratio (10x rows / 1x rows, the same changes): {:.2}",
+            large / small
         );
         println!(
-            "  {:>10} user_objective rows: {:.3} s per {CHANGES} changes ({:.0} changes/s)",
-            rows * 10,
-            large,
-            CHANGES as f64 / large
+            "Ratio (10x rows, changes spread over all / 1x rows): {:.2}",
+            spread / small
         );
-        println!("Ratio (10x rows / 1x rows): {:.2}", large / small);
     });
 }

@@ -6,9 +6,10 @@
 //! contributed before is what moves the objective's counters, so status
 //! changes move progress down as well as up, and re-delivered events change
 //! nothing. Additive (analytics) events add once, by event id. The
-//! transaction takes an advisory lock per user (in a fixed order), so two
-//! processes that briefly handle the same user (a rebalance) apply one after
-//! the other, never from the same stale state.
+//! transaction locks each of its users' `user_locks` rows (in a fixed
+//! order), so two processes that briefly handle the same user (a rebalance),
+//! or two sources feeding one objective, apply one after the other, never
+//! from the same stale state.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -254,12 +255,22 @@ impl Store {
             .await
             .context("starting a batch")?;
 
-        // Per-user locks, in one order: a user's batches apply one at a time.
+        // Per-user locks, in one order: a user's batches apply one at a
+        // time. Row locks, which live in the rows rather than in
+        // PostgreSQL's shared lock table, so a batch of any number of users
+        // fits: a user's row is made once, then locked by each batch.
         let users: BTreeSet<&str> = outcomes.iter().map(|o| o.user_id.as_str()).collect();
         let users: Vec<&str> = users.into_iter().collect();
         if !users.is_empty() {
+            // A user another batch is making: this waits for its commit.
             tx.execute(
-                "SELECT pg_advisory_xact_lock(k) FROM (SELECT DISTINCT hashtextextended(u, 7) AS k FROM unnest($1::text[]) u ORDER BY 1) locks",
+                "INSERT INTO user_locks (user_id) SELECT unnest($1::text[]) ON CONFLICT DO NOTHING",
+                &[&users],
+            )
+            .await
+            .context("registering users to lock")?;
+            tx.execute(
+                "SELECT 1 FROM user_locks WHERE user_id = ANY($1) ORDER BY user_id FOR UPDATE",
                 &[&users],
             )
             .await

@@ -17,3 +17,4 @@ mod processes;
 mod proxy;
 mod registry;
 mod support;
+mod user_locks;

@@ -153,11 +153,14 @@ impl Store {
         keys.sort_unstable();
         let (users, awards): (Vec<&str>, Vec<&str>) = keys.into_iter().unzip();
         // A later statement, so a later snapshot: every change committed
-        // before it is read here; any other will mark the pair again.
+        // before it is read here; any other will mark the pair again. One
+        // index probe per key (LATERAL ... OFFSET 0), as in counters.rs.
         let objective_rows = tx
             .query(
-                "SELECT uo.user_id, uo.award_id, uo.objective_id, uo.counters, uo.version FROM user_objective uo
-                 JOIN unnest($1::text[], $2::text[]) AS k(u, a) ON uo.user_id = k.u AND uo.award_id = k.a",
+                "SELECT uo.user_id, uo.award_id, uo.objective_id, uo.counters, uo.version
+                 FROM unnest($1::text[], $2::text[]) AS k(u, a)
+                 CROSS JOIN LATERAL (SELECT * FROM user_objective uo
+                     WHERE uo.user_id = k.u AND uo.award_id = k.a OFFSET 0) uo",
                 &[&users, &awards],
             )
             .await
@@ -165,8 +168,10 @@ impl Store {
         let state_rows = tx
             .query(
                 "SELECT ua.user_id, ua.award_id, ua.award_version, ua.progress, ua.goal, ua.started,
-                        ua.completed, ua.completed_at, ua.version, ua.error FROM user_achieve ua
-                 JOIN unnest($1::text[], $2::text[]) AS k(u, a) ON ua.user_id = k.u AND ua.award_id = k.a",
+                        ua.completed, ua.completed_at, ua.version, ua.error
+                 FROM unnest($1::text[], $2::text[]) AS k(u, a)
+                 CROSS JOIN LATERAL (SELECT * FROM user_achieve ua
+                     WHERE ua.user_id = k.u AND ua.award_id = k.a OFFSET 0) ua",
                 &[&users, &awards],
             )
             .await

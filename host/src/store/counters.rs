@@ -82,6 +82,14 @@ type ObjectiveKey<'a> = (&'a str, &'a str, &'a str); // user, award, objective
 // touches thousands of keys, and copying each one was a measurable share
 // of ingest's CPU.
 
+// Rows are looked up by key as `unnest(keys) CROSS JOIN LATERAL (SELECT ...
+// WHERE key = k OFFSET 0)`: one index probe per key, whatever the planner's
+// statistics say. A plain join let it hash or sort the whole table while
+// the statistics were stale (a young, growing table), so a batch cost grew
+// with the table: in the latency bench, parallel scans of 200,000
+// content_items per batch, spilling to disk. OFFSET 0 keeps the subquery
+// from being folded back into a join.
+
 #[derive(Debug, Clone)]
 struct Stored<'a> {
     counters: Counters,
@@ -269,8 +277,10 @@ impl Store {
             )
             .await
             .context("registering users to lock")?;
+            // In the array's order (sorted), one index probe per user.
             tx.execute(
-                "SELECT 1 FROM user_locks WHERE user_id = ANY($1) ORDER BY user_id FOR UPDATE",
+                "SELECT 1 FROM unnest($1::text[]) AS k(u)
+                 CROSS JOIN LATERAL (SELECT 1 FROM user_locks l WHERE l.user_id = k.u OFFSET 0 FOR UPDATE) l",
                 &[&users],
             )
             .await
@@ -286,9 +296,10 @@ impl Store {
         let (iu, ic): (Vec<&str>, Vec<&str>) = item_keys.iter().copied().unzip();
         let item_rows = tx
             .query(
-                "SELECT i.user_id, i.content_id, i.occurred_at, i.event_id, i.shares FROM content_items i
-                 JOIN unnest($2::text[], $3::text[]) AS k(u, c) ON i.user_id = k.u AND i.content_id = k.c
-                 WHERE i.source = $1",
+                "SELECT i.user_id, i.content_id, i.occurred_at, i.event_id, i.shares
+                 FROM unnest($2::text[], $3::text[]) AS k(u, c)
+                 CROSS JOIN LATERAL (SELECT * FROM content_items i
+                     WHERE i.user_id = k.u AND i.source = $1 AND i.content_id = k.c OFFSET 0) i",
                 &[&source, &iu, &ic],
             )
             .await
@@ -337,11 +348,13 @@ impl Store {
             tx.query(
                 "SELECT m.user_id, m.award_id, m.objective_id, m.content_id,
                         coalesce(i.shares -> (m.award_id || '/' || m.objective_id), '{}'::jsonb)
-                 FROM dedup_members m
-                 JOIN unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS k(u, a, o, d)
-                   ON m.user_id = k.u AND m.award_id = k.a AND m.objective_id = k.o AND m.dedup_key = k.d
-                 JOIN content_items i
-                   ON i.user_id = m.user_id AND i.source = m.source AND i.content_id = m.content_id",
+                 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS k(u, a, o, d)
+                 CROSS JOIN LATERAL (SELECT * FROM dedup_members m
+                     WHERE m.user_id = k.u AND m.award_id = k.a AND m.objective_id = k.o AND m.dedup_key = k.d
+                     OFFSET 0) m
+                 CROSS JOIN LATERAL (SELECT i.shares FROM content_items i
+                     WHERE i.user_id = m.user_id AND i.source = m.source AND i.content_id = m.content_id
+                     OFFSET 0) i",
                 &[&gu, &ga, &go, &gk],
             )
             .await
@@ -367,7 +380,9 @@ impl Store {
             Vec::new()
         } else {
             tx.query(
-                "SELECT event_id FROM applied_events WHERE source = $1 AND event_id = ANY($2)",
+                "SELECT a.event_id FROM unnest($2::text[]) AS k(e)
+                 CROSS JOIN LATERAL (SELECT event_id FROM applied_events a
+                     WHERE a.source = $1 AND a.event_id = k.e OFFSET 0) a",
                 &[&source, &additive_ids],
             )
             .await
@@ -583,9 +598,11 @@ impl Store {
             for (rows, sql, context) in [
                 (
                     &left,
-                    "DELETE FROM dedup_members m USING unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[]) AS k(u, a, o, d, c)
-                     WHERE m.user_id = k.u AND m.award_id = k.a AND m.objective_id = k.o AND m.dedup_key = k.d
-                       AND m.source = $1 AND m.content_id = k.c",
+                    "DELETE FROM dedup_members WHERE ctid = ANY (ARRAY(
+                         SELECT m.ctid FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[]) AS k(u, a, o, d, c)
+                         CROSS JOIN LATERAL (SELECT ctid FROM dedup_members m
+                             WHERE m.user_id = k.u AND m.award_id = k.a AND m.objective_id = k.o AND m.dedup_key = k.d
+                               AND m.source = $1 AND m.content_id = k.c OFFSET 0) m))",
                     "leaving de-duplication groups",
                 ),
                 (
@@ -623,9 +640,10 @@ impl Store {
             }
             let current_rows = tx
                 .query(
-                    "SELECT uo.user_id, uo.award_id, uo.objective_id, uo.counters FROM user_objective uo
-                     JOIN unnest($1::text[], $2::text[], $3::text[]) AS k(u, a, o)
-                       ON uo.user_id = k.u AND uo.award_id = k.a AND uo.objective_id = k.o",
+                    "SELECT uo.user_id, uo.award_id, uo.objective_id, uo.counters
+                     FROM unnest($1::text[], $2::text[], $3::text[]) AS k(u, a, o)
+                     CROSS JOIN LATERAL (SELECT * FROM user_objective uo
+                         WHERE uo.user_id = k.u AND uo.award_id = k.a AND uo.objective_id = k.o OFFSET 0) uo",
                     &[&u, &a, &o],
                 )
                 .await
@@ -696,7 +714,9 @@ impl Store {
         let rows = self
             .client()
             .query(
-                "SELECT user_id, state FROM users WHERE user_id = ANY($1) AND state <> 'active'",
+                "SELECT u.user_id, u.state FROM unnest($1::text[]) AS k(u)
+                 CROSS JOIN LATERAL (SELECT user_id, state FROM users u
+                     WHERE u.user_id = k.u AND u.state <> 'active' OFFSET 0) u",
                 &[&user_ids],
             )
             .await

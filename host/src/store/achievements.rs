@@ -130,13 +130,14 @@ impl Store {
             .await
             .context("starting an awards cycle")?;
         // Deleting is the claim: the rows stay locked until commit, so
-        // writers that want to mark them again wait for this cycle.
+        // writers that want to mark them again wait for this cycle. By the
+        // locked rows' ctids: a join back to the queue could be planned as
+        // a scan of all of it.
         let claimed = tx
             .query(
-                "DELETE FROM award_changes c USING (
-                     SELECT user_id, award_id FROM award_changes FOR UPDATE SKIP LOCKED LIMIT $1
-                 ) k WHERE c.user_id = k.user_id AND c.award_id = k.award_id
-                 RETURNING c.user_id, c.award_id, c.marked_at",
+                "DELETE FROM award_changes WHERE ctid = ANY (ARRAY(
+                     SELECT ctid FROM award_changes LIMIT $1 FOR UPDATE SKIP LOCKED))
+                 RETURNING user_id, award_id, marked_at",
                 &[&limit],
             )
             .await

@@ -370,11 +370,14 @@ impl Store {
             );
         }
 
-        // Additive events already applied (re-delivery adds nothing).
+        // Additive events already applied (re-delivery adds nothing). Each
+        // id once (an event has an outcome per objective), in key order.
         let additive_ids: Vec<&str> = outcomes
             .iter()
             .filter(|o| matches!(o.effect, Effect::Additive { .. }))
             .map(|o| o.event_id.as_str())
+            .collect::<BTreeSet<_>>()
+            .into_iter()
             .collect();
         let seen_rows = if additive_ids.is_empty() {
             Vec::new()

@@ -397,15 +397,16 @@ impl Store {
         let mut added_here: HashSet<(&str, &str, &str)> = HashSet::new();
 
         // Each objective's function versions as JSON text, written once per
-        // batch: the outcomes of one objective share them.
-        // Keyed by the shared value's address.
+        // batch: the outcomes of one objective share them. Keyed by the
+        // shared value's address; log rows borrow the text.
         let mut function_texts: HashMap<usize, String> = HashMap::new();
-        let mut functions_text = |o: &Outcome| -> String {
+        for o in outcomes {
             function_texts
                 .entry(Arc::as_ptr(&o.functions) as usize)
-                .or_insert_with(|| o.functions.to_string())
-                .clone()
-        };
+                .or_insert_with(|| o.functions.to_string());
+        }
+        let functions_text =
+            |o: &Outcome| -> &str { &function_texts[&(Arc::as_ptr(&o.functions) as usize)] };
 
         // Events in stream order; an event's outcomes are adjacent.
         let mut deltas: BTreeMap<ObjectiveKey<'_>, Counters> = BTreeMap::new();
@@ -450,7 +451,7 @@ impl Store {
 
             // One log row per event: what it changed, objective by objective.
             // (award, objective, delta, function versions) of what changed.
-            let mut changes: Vec<(&str, &str, Counters, String)> = Vec::new();
+            let mut changes: Vec<(&str, &str, Counters, &str)> = Vec::new();
             let mut duplicate = false;
             // Which objectives' filters now stop this item, where that
             // moved counters.
@@ -803,7 +804,7 @@ fn unzip4<'a>(
 
 /// An event's changes as two JSON objects keyed by award, then objective:
 /// the deltas, and the function versions that decided them.
-fn nested(changes: &mut [(&str, &str, Counters, String)]) -> (String, String) {
+fn nested(changes: &mut [(&str, &str, Counters, &str)]) -> (String, String) {
     changes.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
     let (mut deltas, mut versions) = (ObjectWriter::new(), ObjectWriter::new());
     for per_award in changes.chunk_by(|a, b| a.0 == b.0) {
@@ -832,7 +833,7 @@ struct LogRow<'a> {
     /// JSON text.
     deltas: Option<String>,
     /// JSON text.
-    functions: Option<String>,
+    functions: Option<Cow<'a, str>>,
 }
 
 impl<'a> LogRow<'a> {
@@ -840,7 +841,7 @@ impl<'a> LogRow<'a> {
         o: &'a Outcome,
         outcome: &'static str,
         reason: Option<Cow<'a, str>>,
-        functions: String,
+        functions: &'a str,
     ) -> LogRow<'a> {
         LogRow {
             event_id: Some(&o.event_id),
@@ -850,7 +851,7 @@ impl<'a> LogRow<'a> {
             outcome,
             reason,
             deltas: None,
-            functions: Some(functions),
+            functions: Some(Cow::Borrowed(functions)),
         }
     }
 
@@ -870,15 +871,15 @@ impl<'a> LogRow<'a> {
             outcome,
             reason,
             deltas,
-            functions,
+            functions: functions.map(Cow::Owned),
         }
     }
 
-    fn skip(o: &'a Outcome, reason: &'static str, functions: String) -> LogRow<'a> {
+    fn skip(o: &'a Outcome, reason: &'static str, functions: &'a str) -> LogRow<'a> {
         LogRow::of(o, "skipped", Some(reason.into()), functions)
     }
 
-    fn reject(o: &'a Outcome, reason: &'static str, functions: String) -> LogRow<'a> {
+    fn reject(o: &'a Outcome, reason: &'static str, functions: &'a str) -> LogRow<'a> {
         LogRow::of(o, "rejected", Some(reason.into()), functions)
     }
 
@@ -891,7 +892,7 @@ impl<'a> LogRow<'a> {
             outcome: e.outcome,
             reason: Some(Cow::Borrowed(&e.reason)),
             deltas: None,
-            functions: e.functions.as_deref().map(Value::to_string),
+            functions: e.functions.as_deref().map(|f| Cow::Owned(f.to_string())),
         }
     }
 }

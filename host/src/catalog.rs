@@ -34,7 +34,7 @@ pub struct Catalog {
 impl Catalog {
     pub async fn start(database_url: &str) -> Result<Arc<Catalog>, StoreError> {
         let mut notifications = store::listen(database_url, &[store::AWARDS_CHANNEL]).await?;
-        let store = Store::connect(database_url).await?;
+        let mut store = Store::connect(database_url).await?;
         let catalog = Arc::new(Catalog {
             state: RwLock::new(Arc::new(Snapshot::default())),
             reloading: tokio::sync::Mutex::new(()),
@@ -54,8 +54,14 @@ impl Catalog {
                 let Some(catalog) = weak.upgrade() else {
                     return;
                 };
-                if let Err(error) = catalog.reload(&store).await {
-                    warn!(message = "Failed to reload award definitions.", %error);
+                // A connection lost meanwhile (PostgreSQL restarted) is
+                // made again here; the resync timer retries a failure.
+                let reloaded = match store.heal().await {
+                    Ok(_) => catalog.reload(&store).await,
+                    Err(error) => Err(error),
+                };
+                if let Err(error) = reloaded {
+                    warn!(message = "Failed to reload award definitions; retrying at the next notification or resync.", %error);
                 }
             }
         });

@@ -78,6 +78,12 @@ enum Command {
         #[command(subcommand)]
         command: WebhooksCommand,
     },
+    /// Events that could not be applied (dead-lettered whole, or held for
+    /// one objective), kept for replay after a fix.
+    DeadLetters {
+        #[command(subcommand)]
+        command: DeadLettersCommand,
+    },
     /// Users: their awards, and who gets none.
     Users {
         #[command(subcommand)]
@@ -228,6 +234,33 @@ enum SourcesCommand {
 }
 
 #[derive(Debug, Subcommand)]
+enum DeadLettersCommand {
+    /// A source's dead letters, newest first: what, for which objective
+    /// (`-`: the whole event), why.
+    List {
+        source: String,
+        /// At most this many.
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+        /// Replayed ones too.
+        #[arg(long)]
+        all: bool,
+    },
+    /// Re-drive a source's open dead letters after a fix: each applies
+    /// once per objective (an objective that applied an event never
+    /// applies it again); those that still fail stay, with their reason.
+    Replay {
+        source: String,
+        /// Only those dead-lettered at or after this time (RFC 3339).
+        #[arg(long)]
+        since: Option<chrono::DateTime<chrono::Utc>>,
+        /// Only those whose reason contains this text.
+        #[arg(long)]
+        reason: Option<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
 enum UsersCommand {
     /// A user's award progress, as the awards worker last computed it.
     Show { user_id: String },
@@ -301,6 +334,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Sources { command } => sources(&settings, command).await,
         Command::Webhooks { command } => webhooks(&settings, command).await,
         Command::Proxies { command } => proxies(&settings, command).await,
+        Command::DeadLetters { command } => dead_letters(&settings, command).await,
         Command::Users { command } => {
             let mut store = Store::connect(&settings.database_url).await?;
             store.migrate().await?;
@@ -692,6 +726,71 @@ async fn sources(settings: &Settings, command: SourcesCommand) -> anyhow::Result
                 "no source named {name}"
             );
             println!("source {name} resumed");
+        }
+    }
+    Ok(())
+}
+
+async fn dead_letters(settings: &Settings, command: DeadLettersCommand) -> anyhow::Result<()> {
+    let mut store = Store::connect(&settings.database_url).await?;
+    store.migrate().await?;
+    match command {
+        DeadLettersCommand::List { source, limit, all } => {
+            println!(
+                "{:>8}  {:<20} {:<24} {:<24} {:<16} reason",
+                "ID", "DEAD AT", "EVENT", "OBJECTIVE", "STATE"
+            );
+            for row in store.dead_letters(&source, all, limit, None).await? {
+                let objective = match (&row.award_id, &row.objective_id) {
+                    (Some(award), Some(objective)) => format!("{award}/{objective}"),
+                    _ => "-".to_string(),
+                };
+                let state = match row.replayed_at {
+                    Some(_) => "replayed".to_string(),
+                    None if row.attempts > 0 => format!("open ({} tries)", row.attempts),
+                    None => "open".to_string(),
+                };
+                println!(
+                    "{:>8}  {:<20} {:<24} {:<24} {:<16} {}",
+                    row.id,
+                    row.dead_at.format("%Y-%m-%d %H:%M:%S"),
+                    row.event_id.as_deref().unwrap_or("?"),
+                    objective,
+                    state,
+                    row.reason
+                );
+            }
+        }
+        DeadLettersCommand::Replay {
+            source,
+            since,
+            reason,
+        } => {
+            let registry = Registry::start(&settings.database_url, sandbox(settings)?).await?;
+            let catalog = Catalog::start(&settings.database_url).await?;
+            let filter = crate::store::LetterFilter { since, reason };
+            let report = crate::ingest::replay(
+                &mut store,
+                &registry,
+                &catalog,
+                &source,
+                &filter,
+                settings.max_event_bytes,
+            )
+            .await?;
+            println!(
+                "replayed {} dead letters of {source}; {} still fail{}",
+                report.replayed,
+                report.still_failing,
+                if report.taken > 0 {
+                    format!("; {} taken by another replay", report.taken)
+                } else {
+                    String::new()
+                }
+            );
+            for (id, reason) in &report.failures {
+                println!("  {id}: {reason}");
+            }
         }
     }
     Ok(())

@@ -44,7 +44,8 @@ pub fn run(registry: &Arc<Registry>) -> anyhow::Result<()> {
     let events = REVIEWS
         .iter()
         .map(|json| Envelope::parse(json.as_bytes()).map(|e| e.to_function_event()))
-        .collect::<Result<Vec<_>, _>>()?;
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(anyhow::Error::msg)?;
     let from_source = source.instance().matches(&events)?;
     let long_enough = length.instance().matches(&events)?;
     let contributions = rule.instance().contribute(&events)?;

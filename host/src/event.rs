@@ -1,14 +1,38 @@
-//! The event envelope of the contract, and its form for functions.
+//! The event envelope of the contract, its checks, and its form for
+//! functions.
+//!
+//! A tolerant reader: fields the contract does not name are accepted and
+//! ignored (producers evolve), while a named field of the wrong type is an
+//! error. Everything an event carries that Laurel stores or hands to a
+//! function is bounded here, before any function or database sees it, so a
+//! bad event is refused with its reason instead of failing a batch.
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, SubsecRound, Utc};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use crate::runtime::{Event, Field, Scalar};
 
+/// Longest `id`, `user_id` and `content_id`, in bytes. PostgreSQL indexes
+/// these (a B-tree entry holds at most 2,704 bytes, and the longest key,
+/// a de-duplication membership, holds a user id, a content id and a
+/// de-duplication key).
+pub const MAX_ID_BYTES: usize = 512;
+/// Longest `type` and `status`, in bytes.
+pub const MAX_NAME_BYTES: usize = 256;
+/// Most payload leaves (scalars) an event may have.
+pub const MAX_PAYLOAD_FIELDS: usize = 4096;
+/// Largest magnitude of a payload number: integers beyond it are not exact
+/// as JSON numbers in most producers (2^53).
+pub const MAX_SAFE_NUMBER: f64 = 9_007_199_254_740_992.0;
+/// The flattened payload (every leaf's JSON pointer and text) may be at
+/// most this many times the size of the message, plus [`FLAT_SLACK`]:
+/// one long key over a long array would otherwise flatten to gigabytes.
+pub const FLAT_FACTOR: usize = 4;
+pub const FLAT_SLACK: usize = 64 << 10;
+
 /// One user action, as it arrives on `events.<source>`.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct Envelope {
     pub id: String,
     pub source: String,
@@ -26,12 +50,48 @@ pub struct Envelope {
 }
 
 impl Envelope {
-    pub fn parse(bytes: &[u8]) -> Result<Envelope, serde_json::Error> {
-        serde_json::from_slice(bytes)
+    /// Parses and checks one message's value; the error is the reason an
+    /// operator reads (`malformed event: ...`).
+    pub fn parse(bytes: &[u8]) -> Result<Envelope, String> {
+        let mut envelope: Envelope =
+            serde_json::from_slice(bytes).map_err(|e| format!("malformed event: {e}"))?;
+        envelope.check(bytes.len())?;
+        // As PostgreSQL keeps it: an event compared with the stored last
+        // event of its item must compare equal to itself.
+        envelope.occurred_at = envelope.occurred_at.trunc_subsecs(6);
+        Ok(envelope)
+    }
+
+    fn check(&self, message_bytes: usize) -> Result<(), String> {
+        id_field("id", &self.id)?;
+        id_field("user_id", &self.user_id)?;
+        if let Some(content) = &self.content_id {
+            id_field("content_id", content)?;
+        }
+        name_field("source", &self.source)?;
+        name_field("type", &self.event_type)?;
+        if let Some(status) = &self.status {
+            name_field("status", status)?;
+        }
+        let mut budget = Budget {
+            fields: 0,
+            bytes: 0,
+            max_bytes: message_bytes
+                .saturating_mul(FLAT_FACTOR)
+                .saturating_add(FLAT_SLACK),
+        };
+        for (key, value) in &self.payload {
+            check_text(key)
+                .map_err(|reason| format!("a key {reason}"))
+                .and_then(|()| check_value(value, pointer_len(key), &mut budget))
+                .map_err(|reason| format!("payload: {reason}"))?;
+        }
+        Ok(())
     }
 
     /// The event as functions receive it: the payload flattened once into
-    /// its scalar leaves, addressed by JSON pointer.
+    /// its scalar leaves, addressed by JSON pointer. Bounded by the checks
+    /// of [`Envelope::parse`].
     pub fn to_function_event(&self) -> Event {
         let mut payload = Vec::new();
         let mut path = String::new();
@@ -51,6 +111,107 @@ impl Envelope {
             payload,
         }
     }
+}
+
+fn id_field(name: &str, value: &str) -> Result<(), String> {
+    if value.is_empty() {
+        return Err(format!("malformed event: `{name}` must not be empty"));
+    }
+    bounded(name, value, MAX_ID_BYTES)
+}
+
+fn name_field(name: &str, value: &str) -> Result<(), String> {
+    bounded(name, value, MAX_NAME_BYTES)
+}
+
+fn bounded(name: &str, value: &str, max: usize) -> Result<(), String> {
+    if value.len() > max {
+        return Err(format!(
+            "malformed event: `{name}` is {} bytes, over the limit of {max}",
+            value.len()
+        ));
+    }
+    check_text(value).map_err(|reason| format!("malformed event: `{name}` {reason}"))
+}
+
+/// PostgreSQL stores no NUL in text or JSON, and functions may pass a
+/// payload text on as a key.
+fn check_text(text: &str) -> Result<(), String> {
+    if text.contains('\0') {
+        return Err("contains a NUL character (\\u0000)".to_string());
+    }
+    Ok(())
+}
+
+struct Budget {
+    fields: usize,
+    bytes: usize,
+    max_bytes: usize,
+}
+
+/// The length of `/key` in a JSON pointer.
+fn pointer_len(key: &str) -> usize {
+    1 + key.len() + key.matches(['~', '/']).count()
+}
+
+fn check_value(value: &Value, path_len: usize, budget: &mut Budget) -> Result<(), String> {
+    match value {
+        Value::Object(map) => {
+            for (key, child) in map {
+                check_text(key).map_err(|reason| format!("a key {reason}"))?;
+                check_value(child, path_len + pointer_len(key), budget)?;
+            }
+            return Ok(());
+        }
+        Value::Array(items) => {
+            for (index, child) in items.iter().enumerate() {
+                check_value(child, path_len + 1 + decimal_len(index), budget)?;
+            }
+            return Ok(());
+        }
+        Value::Number(n) => {
+            let safe = match (n.as_i64(), n.as_u64(), n.as_f64()) {
+                (Some(i), _, _) => i.unsigned_abs() <= MAX_SAFE_NUMBER as u64,
+                (_, Some(u), _) => u <= MAX_SAFE_NUMBER as u64,
+                (_, _, Some(f)) => f.is_finite() && f.abs() <= MAX_SAFE_NUMBER,
+                _ => false,
+            };
+            if !safe {
+                return Err(format!(
+                    "the number {n} is outside the safe range (magnitude at most 2^53)"
+                ));
+            }
+        }
+        Value::String(text) => {
+            check_text(text).map_err(|reason| format!("a text {reason}"))?;
+            budget.bytes = budget.bytes.saturating_add(text.len());
+        }
+        Value::Null | Value::Bool(_) => {}
+    }
+    budget.fields += 1;
+    budget.bytes = budget.bytes.saturating_add(path_len);
+    if budget.fields > MAX_PAYLOAD_FIELDS {
+        return Err(format!(
+            "more than {MAX_PAYLOAD_FIELDS} fields (scalars, counted through arrays and objects)"
+        ));
+    }
+    if budget.bytes > budget.max_bytes {
+        return Err(format!(
+            "its flattened form (JSON pointer and text of every field) is over {} bytes, \
+             {FLAT_FACTOR} times the message plus {FLAT_SLACK}",
+            budget.max_bytes
+        ));
+    }
+    Ok(())
+}
+
+fn decimal_len(mut n: usize) -> usize {
+    let mut len = 1;
+    while n >= 10 {
+        n /= 10;
+        len += 1;
+    }
+    len
 }
 
 /// RFC 6901: `~` is written `~0` and `/` is written `~1`.
@@ -94,9 +255,43 @@ fn flatten(value: &Value, path: &mut String, out: &mut Vec<Field>) {
     });
 }
 
+/// Text from outside (a reason quoting a key, an id from a message that
+/// could not be used) made safe to store and print: NUL and other control
+/// characters escaped, at most `max` bytes.
+pub fn printable(text: &str, max: usize) -> String {
+    let mut out = String::with_capacity(text.len().min(max));
+    for c in text.chars() {
+        if out.len() >= max {
+            out.push('…');
+            break;
+        }
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
+
+    fn envelope(overrides: Value) -> Vec<u8> {
+        let mut event = json!({"id":"e1","source":"reviews","type":"review.created","user_id":"u1",
+            "authorized":true,"content_id":"r1","status":"active","occurred_at":"2026-12-01T10:00:00Z",
+            "payload":{"object_id":"firm-17"}});
+        for (key, value) in overrides.as_object().unwrap() {
+            event[key] = value.clone();
+        }
+        serde_json::to_vec(&event).unwrap()
+    }
+
+    fn refusal(overrides: Value) -> String {
+        Envelope::parse(&envelope(overrides)).unwrap_err()
+    }
 
     #[test]
     fn payload_is_flattened_to_json_pointers() {
@@ -122,5 +317,113 @@ mod tests {
             ]
         );
         assert_eq!(event.occurred_at_ms, 1_796_119_200_000);
+    }
+
+    #[test]
+    fn unknown_fields_are_ignored_known_ones_are_typed() {
+        let mut bytes = envelope(json!({"trace_id": "abc", "extra": {"deep": [1, 2]}}));
+        assert_eq!(Envelope::parse(&bytes).unwrap().id, "e1");
+        bytes = envelope(json!({"authorized": "yes"}));
+        let error = Envelope::parse(&bytes).unwrap_err();
+        assert!(
+            error.starts_with("malformed event: invalid type: string \"yes\", expected a boolean"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn ids_with_nul_or_over_the_limit_are_refused() {
+        assert_eq!(
+            refusal(json!({"user_id": "u\u{0}1"})),
+            "malformed event: `user_id` contains a NUL character (\\u0000)"
+        );
+        assert_eq!(
+            refusal(json!({"content_id": "x".repeat(3000)})),
+            "malformed event: `content_id` is 3000 bytes, over the limit of 512"
+        );
+        assert_eq!(
+            refusal(json!({"id": ""})),
+            "malformed event: `id` must not be empty"
+        );
+        assert_eq!(
+            refusal(json!({"status": "a".repeat(300)})),
+            "malformed event: `status` is 300 bytes, over the limit of 256"
+        );
+        assert!(Envelope::parse(&envelope(json!({"user_id": "é".repeat(256)}))).is_ok());
+    }
+
+    #[test]
+    fn unsafe_numbers_are_refused() {
+        assert_eq!(
+            refusal(json!({"payload": {"distance_m": 1e300}})),
+            "payload: the number 1e+300 is outside the safe range (magnitude at most 2^53)"
+        );
+        assert!(refusal(json!({"payload": {"n": [u64::MAX]}})).contains("outside the safe range"));
+        assert!(refusal(json!({"payload": {"n": i64::MIN}})).contains("outside the safe range"));
+        assert!(Envelope::parse(&envelope(json!({"payload": {"n": 8.9e15, "m": -3}}))).is_ok());
+        // Beyond f64 altogether: the parser refuses it.
+        let bytes = String::from_utf8(envelope(json!({})))
+            .unwrap()
+            .replace("\"object_id\":\"firm-17\"", "\"object_id\":1e400");
+        assert!(
+            Envelope::parse(bytes.as_bytes())
+                .unwrap_err()
+                .starts_with("malformed event: number out of range"),
+        );
+    }
+
+    #[test]
+    fn flattened_size_is_bounded_by_the_message() {
+        // One long key over a long array: each element repeats the key.
+        let key = "k".repeat(100_000);
+        let bytes = envelope(json!({"payload": {key: vec![0; 5_000]}}));
+        let error = Envelope::parse(&bytes).unwrap_err();
+        assert!(
+            error.starts_with(
+                "payload: its flattened form (JSON pointer and text of every field) is over"
+            ),
+            "{error}"
+        );
+        let error = refusal(json!({"payload": {"many": vec![1; 10_000]}}));
+        assert_eq!(
+            error,
+            "payload: more than 4096 fields (scalars, counted through arrays and objects)"
+        );
+        assert_eq!(
+            refusal(json!({"payload": {"t": "a\u{0}b"}})),
+            "payload: a text contains a NUL character (\\u0000)"
+        );
+        assert_eq!(
+            refusal(json!({"payload": {"o": {"a\u{0}": 1}}})),
+            "payload: a key contains a NUL character (\\u0000)"
+        );
+    }
+
+    #[test]
+    fn occurred_at_is_kept_to_the_microsecond() {
+        let bytes = envelope(json!({"occurred_at": "2026-12-01T10:00:00.123456789Z"}));
+        assert_eq!(
+            Envelope::parse(&bytes).unwrap().occurred_at.to_rfc3339(),
+            "2026-12-01T10:00:00.123456+00:00"
+        );
+    }
+
+    #[test]
+    fn deep_nesting_is_a_parse_error() {
+        let deep = format!("{}1{}", "[".repeat(200), "]".repeat(200));
+        let bytes = String::from_utf8(envelope(json!({})))
+            .unwrap()
+            .replace("\"firm-17\"", &deep);
+        assert!(
+            Envelope::parse(bytes.as_bytes())
+                .unwrap_err()
+                .starts_with("malformed event: recursion limit exceeded"),
+        );
+    }
+
+    #[test]
+    fn printable_escapes_controls_and_bounds_length() {
+        assert_eq!(printable("a\u{0}b\nc", 100), "a\\u{0}b\\nc");
+        assert_eq!(printable(&"x".repeat(10), 4), "xxxx…");
     }
 }

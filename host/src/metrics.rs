@@ -26,6 +26,16 @@ const FAMILIES: &[(&str, Kind, &str)] = &[
         "Events sent to events.<source>.dead, by source",
     ),
     (
+        EVENTS_HELD,
+        Kind::Counter,
+        "Events held for one objective (its function failed, is quarantined or cannot be bound; the other objectives applied them; kept for replay), by source, award and objective",
+    ),
+    (
+        INGEST_RETRIES,
+        Kind::Counter,
+        "Batches retried because PostgreSQL or the broker was unavailable, by source",
+    ),
+    (
         FUNCTION_CALLS,
         Kind::Counter,
         "Wasm function calls (one call handles a batch), by function and kind",
@@ -78,6 +88,8 @@ const FAMILIES: &[(&str, Kind, &str)] = &[
 ];
 
 pub const EVENTS_APPLIED: &str = "laurel_events_applied_total";
+pub const EVENTS_HELD: &str = "laurel_events_held_total";
+pub const INGEST_RETRIES: &str = "laurel_ingest_retries_total";
 pub const EVENTS_DEAD_LETTERED: &str = "laurel_events_dead_lettered_total";
 pub const FUNCTION_CALLS: &str = "laurel_function_calls_total";
 pub const FUNCTION_ERRORS: &str = "laurel_function_errors_total";

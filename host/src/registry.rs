@@ -67,7 +67,7 @@ impl Registry {
     ) -> Result<Arc<Registry>, RegistryError> {
         // Listen before the first load, so that no push falls in between.
         let mut notifications = store::listen(database_url, &[store::FUNCTIONS_CHANNEL]).await?;
-        let store = Store::connect(database_url).await?;
+        let mut store = Store::connect(database_url).await?;
         let registry = Arc::new(Registry {
             runtime: runtime.clone(),
             functions: RwLock::new(HashMap::new()),
@@ -91,7 +91,11 @@ impl Registry {
                     }
                     _ = resync.tick() => {}
                     Some(quarantine) = quarantines.recv() => {
-                        if let Err(error) = store.quarantine_function(&quarantine.name, quarantine.version, &quarantine.reason).await {
+                        let recorded = match store.heal().await {
+                            Ok(_) => store.quarantine_function(&quarantine.name, quarantine.version, &quarantine.reason).await,
+                            Err(error) => Err(error),
+                        };
+                        if let Err(error) = recorded {
                             error!(message = "Failed to record a quarantine.", function = %quarantine.name, %error);
                         }
                         continue;
@@ -102,8 +106,14 @@ impl Registry {
                 };
                 // Several pushes in a burst: one sync covers them all.
                 while let Ok(Some(_)) | Ok(None) = notifications.try_recv() {}
-                if let Err(error) = registry.sync(&store).await {
-                    warn!(message = "Failed to reload functions.", %error);
+                // A connection lost meanwhile (PostgreSQL restarted) is
+                // made again here; the resync timer retries a failure.
+                let synced = match store.heal().await {
+                    Ok(_) => registry.sync(&store).await,
+                    Err(error) => Err(error.into()),
+                };
+                if let Err(error) = synced {
+                    warn!(message = "Failed to reload functions; retrying at the next notification or resync.", %error);
                 }
             }
         });

@@ -87,6 +87,17 @@ pub struct Settings {
     )]
     pub batch_wait_ms: u64,
 
+    /// Most bytes of messages per batch: a batch closes at this size even
+    /// below LAUREL_BATCH_SIZE events, so memory is bounded whatever the
+    /// events' sizes.
+    #[arg(
+        long,
+        global = true,
+        env = "LAUREL_BATCH_MAX_BYTES",
+        default_value_t = 32 << 20
+    )]
+    pub batch_max_bytes: usize,
+
     /// Larger Kafka messages are dead-lettered, in bytes.
     #[arg(long, global = true, env = "LAUREL_MAX_EVENT_BYTES", default_value_t = 1 << 20)]
     pub max_event_bytes: usize,
@@ -242,6 +253,7 @@ impl Settings {
         IngestSettings {
             batch_size: self.batch_size.max(1),
             batch_wait: Duration::from_millis(self.batch_wait_ms),
+            batch_max_bytes: self.batch_max_bytes.max(1),
             max_event_bytes: self.max_event_bytes,
             session_timeout: Duration::from_millis(self.kafka_session_timeout_ms),
             ..IngestSettings::new(brokers)
@@ -259,6 +271,7 @@ impl Settings {
             redis_url: self.redis_url.clone(),
             kafka_brokers: brokers.filter(|b| !b.is_empty()).map(str::to_string),
             http_function_proxy_pool: self.http_function_proxy_pool.clone(),
+            max_event_bytes: self.max_event_bytes,
             ..ApiSettings::new(&self.database_url)
         }
     }

@@ -44,6 +44,11 @@ pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
         .route("/sources", get(list_sources))
         .route("/sources/{name}/pause", post(pause_source))
         .route("/sources/{name}/resume", post(resume_source))
+        .route("/sources/{name}/dead-letters", get(list_dead_letters))
+        .route(
+            "/sources/{name}/dead-letters/replay",
+            post(replay_dead_letters),
+        )
         .route("/proxy-pools/{pool}", get(get_pool))
         .route("/proxy-pools/{pool}/candidates", put(put_candidates))
         .route("/proxy-pools/{pool}/allocate", post(allocate))
@@ -97,11 +102,30 @@ async fn get_award(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let rows = state.store().await?.awards().await?;
-    rows.iter()
+    let store = state.store().await?;
+    let rows = store.awards().await?;
+    let row = rows
+        .iter()
         .find(|r| r.id == id)
-        .map(|r| Json(award_json(r)))
-        .ok_or_else(|| ApiError::NotFound(format!("no award named {id}")))
+        .ok_or_else(|| ApiError::NotFound(format!("no award named {id}")))?;
+    let mut award = award_json(row);
+    // Objectives whose events are held (a function failing, quarantined or
+    // refusing its config): what waits for a replay, and why.
+    let held: Vec<Value> = store
+        .held_objectives(&id)
+        .await?
+        .iter()
+        .map(|h| {
+            json!({
+                "objective_id": h.objective_id,
+                "held_events": h.events,
+                "last_reason": h.last_reason,
+                "last_held_at": time(h.last_at),
+            })
+        })
+        .collect();
+    award["held"] = json!(held);
+    Ok(Json(award))
 }
 
 fn problem_json(problem: &DefinitionError) -> Value {
@@ -287,20 +311,10 @@ async fn get_user_log(
     Path(user_id): Path<String>,
     Query(query): Query<HashMap<String, String>>,
 ) -> Result<Json<Value>, ApiError> {
-    let number_param = |name: &str| -> Result<Option<i64>, ApiError> {
-        query
-            .get(name)
-            .map(|v| {
-                v.parse::<i64>().ok().filter(|n| *n > 0).ok_or_else(|| {
-                    ApiError::BadRequest(format!(
-                        "query parameter {name} must be a positive whole number, not {v:?}"
-                    ))
-                })
-            })
-            .transpose()
-    };
-    let limit = number_param("limit")?.unwrap_or(LOG_PAGE).min(LOG_PAGE_MAX);
-    let before = number_param("before")?;
+    let limit = positive(&query, "limit")?
+        .unwrap_or(LOG_PAGE)
+        .min(LOG_PAGE_MAX);
+    let before = positive(&query, "before")?;
     let rows = state
         .store()
         .await?
@@ -313,6 +327,20 @@ async fn get_user_log(
     Ok(Json(
         json!({"user_id": user_id, "entries": entries, "next_before": next}),
     ))
+}
+
+/// A positive whole-number query parameter, if given.
+fn positive(query: &HashMap<String, String>, name: &str) -> Result<Option<i64>, ApiError> {
+    query
+        .get(name)
+        .map(|v| {
+            v.parse::<i64>().ok().filter(|n| *n > 0).ok_or_else(|| {
+                ApiError::BadRequest(format!(
+                    "query parameter {name} must be a positive whole number, not {v:?}"
+                ))
+            })
+        })
+        .transpose()
 }
 
 /// A processing-log entry as the API shows it.
@@ -381,6 +409,113 @@ async fn set_paused(
         return Err(ApiError::NotFound(format!("no source named {name}")));
     }
     Ok(Json(json!({"name": name, "paused": paused})))
+}
+
+// --- dead letters -------------------------------------------------------
+
+async fn list_dead_letters(
+    State(state): State<Arc<AppState>>,
+    Path(name): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Result<Json<Value>, ApiError> {
+    let limit = positive(&query, "limit")?
+        .unwrap_or(LOG_PAGE)
+        .min(LOG_PAGE_MAX);
+    let before = positive(&query, "before")?;
+    let all = match query.get("all").map(String::as_str) {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(other) => {
+            return Err(ApiError::BadRequest(format!(
+                "query parameter all must be true or false, not {other:?}"
+            )));
+        }
+    };
+    let store = state.store().await?;
+    if !store.sources().await?.iter().any(|s| s.name == name) {
+        return Err(ApiError::NotFound(format!("no source named {name}")));
+    }
+    let rows = store.dead_letters(&name, all, limit, before).await?;
+    let next = (rows.len() as i64 == limit)
+        .then(|| rows.last().map(|r| r.id))
+        .flatten();
+    let letters: Vec<Value> = rows
+        .iter()
+        .map(|r| {
+            json!({
+                "id": r.id,
+                "topic": r.topic,
+                "partition": r.partition,
+                "offset": r.offset,
+                "award_id": r.award_id,
+                "objective_id": r.objective_id,
+                "event_id": r.event_id,
+                "user_id": r.user_id,
+                "reason": r.reason,
+                "attempts": r.attempts,
+                "dead_at": time(r.dead_at),
+                "replayed_at": r.replayed_at.map(time),
+                "value": r.value_preview,
+                "value_bytes": r.value_bytes,
+            })
+        })
+        .collect();
+    Ok(Json(
+        json!({"source": name, "dead_letters": letters, "next_before": next}),
+    ))
+}
+
+/// `{"since": RFC 3339, "reason": text}`, both optional.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReplayRequest {
+    since: Option<chrono::DateTime<chrono::Utc>>,
+    reason: Option<String>,
+}
+
+async fn replay_dead_letters(
+    State(state): State<Arc<AppState>>,
+    Path(name): Path<String>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let bytes = body(raw, state.settings.max_body_bytes)?;
+    let request: ReplayRequest = if bytes.iter().all(u8::is_ascii_whitespace) {
+        ReplayRequest::default()
+    } else {
+        serde_json::from_slice(&bytes).map_err(|error| {
+            ApiError::BadRequest(format!("the replay request is not valid: {error}"))
+        })?
+    };
+    let mut store = state.store().await?;
+    if !store.sources().await?.iter().any(|s| s.name == name) {
+        return Err(ApiError::NotFound(format!("no source named {name}")));
+    }
+    let filter = crate::store::LetterFilter {
+        since: request.since,
+        reason: request.reason,
+    };
+    let report = crate::ingest::replay(
+        &mut store,
+        &state.registry,
+        &state.catalog,
+        &name,
+        &filter,
+        state.settings.max_event_bytes,
+    )
+    .await?;
+    let failures: Vec<Value> = report
+        .failures
+        .iter()
+        .map(|(id, reason)| json!({"id": id, "reason": reason}))
+        .collect();
+    Ok(Json(json!({
+        "source": name,
+        "replayed": report.replayed,
+        "still_failing": report.still_failing,
+        "taken_by_another_replay": report.taken,
+        "counters_changed": report.changed,
+        "failures": failures,
+    })))
 }
 
 // --- proxy pools --------------------------------------------------------

@@ -61,6 +61,8 @@ pub struct ApiSettings {
     pub http_function_proxy_pool: Option<String>,
     /// Connections to PostgreSQL the API may hold.
     pub database_connections: usize,
+    /// Ingest's limit on a message, applied again when replaying.
+    pub max_event_bytes: usize,
 }
 
 impl ApiSettings {
@@ -77,6 +79,7 @@ impl ApiSettings {
             group_prefix: "laurel".to_string(),
             http_function_proxy_pool: None,
             database_connections: 8,
+            max_event_bytes: 1 << 20,
         }
     }
 }

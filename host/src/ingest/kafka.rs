@@ -7,7 +7,7 @@ use std::time::Duration;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Header, Message, OwnedHeaders};
 use rdkafka::mocking::MockCluster;
-use rdkafka::producer::{DefaultProducerContext, FutureProducer, FutureRecord};
+use rdkafka::producer::{DefaultProducerContext, FutureProducer, FutureRecord, Producer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, warn};
@@ -95,6 +95,106 @@ pub fn producer(brokers: &str) -> anyhow::Result<FutureProducer> {
         .set("message.timeout.ms", "30000")
         .create()
         .map_err(|e| anyhow::anyhow!("failed to create a Kafka producer for {brokers}: {e}"))
+}
+
+/// Headroom over the largest event for a dead letter's headers.
+const DEAD_LETTER_HEADERS_BYTES: usize = 64 << 10;
+
+/// The producer of `events.<source>.dead`. It accepts every message that
+/// ingest reads up to its size limit, with Laurel's headers and the
+/// original ones (up to [`DEAD_LETTER_HEADERS_BYTES`]). If the producer
+/// fails fatally (an idempotent producer after its broker lost its state,
+/// e.g. a restarted broker), the next publish makes a new one.
+pub struct DeadLetters {
+    brokers: String,
+    max_event_bytes: usize,
+    producer: std::sync::Mutex<std::sync::Arc<FutureProducer>>,
+}
+
+impl DeadLetters {
+    pub fn new(brokers: &str, max_event_bytes: usize) -> anyhow::Result<DeadLetters> {
+        Ok(DeadLetters {
+            brokers: brokers.to_string(),
+            max_event_bytes,
+            producer: std::sync::Mutex::new(std::sync::Arc::new(Self::create(
+                brokers,
+                max_event_bytes,
+            )?)),
+        })
+    }
+
+    fn create(brokers: &str, max_event_bytes: usize) -> anyhow::Result<FutureProducer> {
+        let max = max_event_bytes + 2 * DEAD_LETTER_HEADERS_BYTES + 1024;
+        client_config(brokers)
+            .set("acks", "all")
+            .set("enable.idempotence", "true")
+            .set("linger.ms", "5")
+            .set("message.timeout.ms", "30000")
+            .set("message.max.bytes", max.to_string())
+            .create()
+            .map_err(|e| anyhow::anyhow!("failed to create a Kafka producer for {brokers}: {e}"))
+    }
+
+    /// Publishes one dead letter and waits for its acknowledgement. A
+    /// value over the event limit is left out (the reason says why, and
+    /// the original stays on its topic at `laurel-offset`).
+    pub async fn publish(
+        &self,
+        topic: &str,
+        key: Option<&[u8]>,
+        value: Option<&[u8]>,
+        laurel_headers: &[(&str, &str)],
+        original_headers: &[(String, Vec<u8>)],
+    ) -> anyhow::Result<()> {
+        let producer = {
+            let mut current = self.producer.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(fatal) = current.client().fatal_error() {
+                warn!(message = "The dead-letter producer failed; making a new one.", error = ?fatal);
+                *current = std::sync::Arc::new(Self::create(&self.brokers, self.max_event_bytes)?);
+            }
+            current.clone()
+        };
+        let mut owned = OwnedHeaders::new();
+        let mut size = 0;
+        for (name, value) in laurel_headers {
+            size += name.len() + value.len();
+            owned = owned.insert(Header {
+                key: name,
+                value: Some(*value),
+            });
+        }
+        let mut dropped = 0;
+        for (name, value) in original_headers {
+            if size + name.len() + value.len() > DEAD_LETTER_HEADERS_BYTES {
+                dropped += 1;
+                continue;
+            }
+            size += name.len() + value.len();
+            owned = owned.insert(Header {
+                key: name,
+                value: Some(value.as_slice()),
+            });
+        }
+        let dropped_text = dropped.to_string();
+        if dropped > 0 {
+            owned = owned.insert(Header {
+                key: "laurel-headers-dropped",
+                value: Some(&dropped_text),
+            });
+        }
+        let value = value.filter(|v| v.len() <= self.max_event_bytes);
+        let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic).headers(owned);
+        if let Some(value) = value {
+            record = record.payload(value);
+        }
+        if let Some(key) = key {
+            record = record.key(key);
+        }
+        match producer.send(record, Duration::from_secs(30)).await {
+            Ok(_) => Ok(()),
+            Err((error, _)) => Err(anyhow::anyhow!("failed to publish to {topic}: {error}")),
+        }
+    }
 }
 
 /// Puts events on topics for code outside ingest (HTTP functions), so

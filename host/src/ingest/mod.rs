@@ -12,11 +12,15 @@
 
 mod kafka;
 mod plan;
+mod replay;
 
 pub use kafka::{
     EventPublisher, LocalBroker, check_brokers, consumer_lag, producer, publish, recent_messages,
 };
-pub use plan::{Evaluation, Plan};
+pub use plan::{Evaluation, Plan, Scope};
+pub use replay::{ReplayReport, replay};
+
+use kafka::DeadLetters;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -27,7 +31,6 @@ use rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
 };
 use rdkafka::message::{Headers, Message, OwnedMessage};
-use rdkafka::producer::FutureProducer;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -37,7 +40,10 @@ use crate::catalog::Catalog;
 use crate::event::Envelope;
 use crate::metrics;
 use crate::registry::Registry;
-use crate::store::{self, LogEntry, SourceRow, Store};
+use crate::store::{
+    self, Applied, Batch, BatchPart, DeadEvent, LogEntry, Message as StoredMessage, SourceRow,
+    Store, StoreError,
+};
 
 /// Ingest settings.
 #[derive(Debug, Clone)]
@@ -47,6 +53,8 @@ pub struct IngestSettings {
     pub group_prefix: String,
     /// Most events in one batch (one transaction).
     pub batch_size: usize,
+    /// Most bytes of messages in one batch.
+    pub batch_max_bytes: usize,
     /// Longest wait to fill a batch once its first event arrived.
     pub batch_wait: Duration,
     /// Larger messages are dead-lettered.
@@ -60,6 +68,7 @@ impl IngestSettings {
             brokers: brokers.into(),
             group_prefix: "laurel".to_string(),
             batch_size: 10_000,
+            batch_max_bytes: 32 << 20,
             batch_wait: Duration::from_millis(50),
             max_event_bytes: 1 << 20,
             session_timeout: Duration::from_secs(10),
@@ -67,13 +76,18 @@ impl IngestSettings {
     }
 }
 
+/// Waits between retries while PostgreSQL or the broker is away: short,
+/// so a batch applies within about a second of the database coming back.
+const RETRY_FIRST: Duration = Duration::from_millis(100);
+const RETRY_CAP: Duration = Duration::from_secs(1);
+
 /// What every source consumer shares.
 struct Shared {
     settings: IngestSettings,
     database_url: String,
     registry: Arc<Registry>,
     catalog: Arc<Catalog>,
-    dead_letters: FutureProducer,
+    dead_letters: DeadLetters,
 }
 
 /// Runs a consumer for every registered source until `shutdown`; starts
@@ -87,9 +101,9 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let mut notifications = store::listen(database_url, &[store::SOURCES_CHANNEL]).await?;
-    let store = Store::connect(database_url).await?;
+    let mut store = Store::connect(database_url).await?;
     let shared = Arc::new(Shared {
-        dead_letters: kafka::producer(&settings.brokers)?,
+        dead_letters: DeadLetters::new(&settings.brokers, settings.max_event_bytes)?,
         settings,
         database_url: database_url.to_string(),
         registry,
@@ -99,9 +113,17 @@ pub async fn run(
     let mut running: HashMap<String, (Arc<AtomicBool>, JoinHandle<()>)> = HashMap::new();
     let mut shutdown = std::pin::pin!(shutdown);
     let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut failing = false;
     loop {
-        match store.sources().await {
+        let sources = match store.heal().await {
+            Ok(_) => store.sources().await,
+            Err(error) => Err(error),
+        };
+        match sources {
             Ok(sources) => {
+                if std::mem::take(&mut failing) {
+                    info!(message = "Reading sources again.");
+                }
                 for source in sources {
                     match running.get(&source.name) {
                         Some((paused, _)) => paused.store(source.paused, Ordering::Release),
@@ -119,7 +141,12 @@ pub async fn run(
                     }
                 }
             }
-            Err(error) => warn!(message = "Failed to read sources.", %error),
+            // Said once per outage; the consumers carry on meanwhile.
+            Err(error) if !failing => {
+                failing = true;
+                warn!(message = "Failed to read sources; retrying every second.", %error);
+            }
+            Err(_) => {}
         }
         tokio::select! {
             _ = &mut shutdown => break,
@@ -191,12 +218,6 @@ struct SourceConsumer {
     plan_generation: (u64, u64),
 }
 
-/// A decoded message, or why it cannot be used.
-enum Decoded {
-    Event(Envelope),
-    Bad(String),
-}
-
 impl SourceConsumer {
     async fn new(
         source: &SourceRow,
@@ -247,6 +268,7 @@ impl SourceConsumer {
 
     async fn run(&mut self, mut stop: watch::Receiver<bool>) {
         let mut last_error: Option<String> = None;
+        let settings = self.shared.settings.clone();
         loop {
             if *stop.borrow() {
                 break;
@@ -274,11 +296,17 @@ impl SourceConsumer {
                     continue;
                 }
             };
+            // Bounded by count and by bytes, whatever the messages' sizes.
+            let mut bytes = message_bytes(&first);
             let mut batch = vec![first];
-            let deadline = tokio::time::Instant::now() + self.shared.settings.batch_wait;
-            while batch.len() < self.shared.settings.batch_size {
+            let deadline = tokio::time::Instant::now() + settings.batch_wait;
+            while batch.len() < settings.batch_size && bytes < settings.batch_max_bytes {
                 match tokio::time::timeout_at(deadline, self.consumer.recv()).await {
-                    Ok(Ok(message)) => batch.push(message.detach()),
+                    Ok(Ok(message)) => {
+                        let message = message.detach();
+                        bytes += message_bytes(&message);
+                        batch.push(message);
+                    }
                     Ok(Err(error)) => {
                         warn!(message = "Kafka error while consuming.", source = %self.source.name, %error);
                         break;
@@ -293,6 +321,10 @@ impl SourceConsumer {
                 error!(message = "A batch was not applied; it will be consumed again.", source = %self.source.name, error = %format!("{error:#}"));
                 // Go back to the first uncommitted offset of each partition.
                 self.rewind(&batch);
+                tokio::select! {
+                    _ = tokio::time::sleep(RETRY_CAP) => {}
+                    _ = stop.changed() => {}
+                }
             }
         }
         info!(message = "Source consumer stopped.", source = %self.source.name);
@@ -341,42 +373,13 @@ impl SourceConsumer {
         }
     }
 
-    fn decode(&self, message: &OwnedMessage) -> Decoded {
-        let Some(payload) = message.payload() else {
-            return Decoded::Bad("empty message: no value".to_string());
-        };
-        let limit = self.shared.settings.max_event_bytes;
-        if payload.len() > limit {
-            return Decoded::Bad(format!(
-                "message of {} bytes is over the limit of {limit} bytes",
-                payload.len()
-            ));
-        }
-        let envelope = match Envelope::parse(payload) {
-            Ok(envelope) => envelope,
-            Err(error) => return Decoded::Bad(format!("malformed event: {error}")),
-        };
-        if envelope.source != self.source.name {
-            return Decoded::Bad(format!(
-                "unknown source `{}`: this topic carries source `{}`",
-                envelope.source, self.source.name
-            ));
-        }
-        if envelope.id.is_empty() || envelope.user_id.is_empty() {
-            return Decoded::Bad(
-                "malformed event: `id` and `user_id` must not be empty".to_string(),
-            );
-        }
-        if let Some(key) = message.key()
-            && key != envelope.user_id.as_bytes()
-        {
-            return Decoded::Bad(format!(
-                "message key `{}` is not the event's user_id `{}`",
-                String::from_utf8_lossy(key),
-                envelope.user_id
-            ));
-        }
-        Decoded::Event(envelope)
+    fn decode(&self, message: &OwnedMessage) -> Result<Envelope, String> {
+        check_message(
+            message.key(),
+            message.payload(),
+            &self.source.name,
+            self.shared.settings.max_event_bytes,
+        )
     }
 
     async fn process(
@@ -384,13 +387,30 @@ impl SourceConsumer {
         batch: &[OwnedMessage],
         stop: &watch::Receiver<bool>,
     ) -> anyhow::Result<()> {
+        let messages: Vec<StoredMessage<'_>> = batch
+            .iter()
+            .map(|m| StoredMessage {
+                topic: m.topic(),
+                partition: m.partition(),
+                offset: m.offset(),
+                key: m.key(),
+                value: m.payload(),
+            })
+            .collect();
         let mut log: Vec<LogEntry> = Vec::new();
-        let mut dead: Vec<(usize, String)> = Vec::new();
+        let mut dead: Vec<DeadEvent> = Vec::new();
         let mut admitted: Vec<(usize, Envelope)> = Vec::new();
         for (index, message) in batch.iter().enumerate() {
             match self.decode(message) {
-                Decoded::Event(envelope) => admitted.push((index, envelope)),
-                Decoded::Bad(reason) => dead.push((index, reason)),
+                Ok(envelope) => admitted.push((index, envelope)),
+                Err(reason) => dead.push(DeadEvent {
+                    index,
+                    event_id: raw_event_id(message.payload(), self.shared.settings.max_event_bytes),
+                    user_id: message
+                        .key()
+                        .map(|k| String::from_utf8_lossy(k).into_owned()),
+                    reason,
+                }),
             }
         }
         // Who gets no progress.
@@ -400,8 +420,25 @@ impl SourceConsumer {
             .collect::<HashSet<_>>()
             .into_iter()
             .collect();
-        let excluded = self.store.excluded_users(&users).await?;
-        admitted.retain(|(_, envelope)| {
+        let excluded = if users.is_empty() {
+            HashMap::new()
+        } else {
+            let mut retry = Retry::new(&self.source.name);
+            loop {
+                let result = match self.store.heal().await {
+                    Ok(_) => self.store.excluded_users(&users).await,
+                    Err(error) => Err(error),
+                };
+                match result {
+                    Ok(excluded) => {
+                        retry.succeeded();
+                        break excluded;
+                    }
+                    Err(error) => retry.wait(error, stop).await?,
+                }
+            }
+        };
+        admitted.retain(|(index, envelope)| {
             let reason = if !envelope.authorized {
                 Some("user not authorized (authorized: false)".to_string())
             } else {
@@ -412,6 +449,7 @@ impl SourceConsumer {
             match reason {
                 Some(reason) => {
                     log.push(LogEntry {
+                        index: *index,
                         event_id: Some(envelope.id.clone()),
                         user_id: Some(envelope.user_id.clone()),
                         award_id: None,
@@ -446,126 +484,88 @@ impl SourceConsumer {
         }
         let mut plan = self.plan.take().expect("planned above");
         // Batch positions stay here; the envelopes move to the blocking thread.
-        let (admitted, envelopes): (Vec<usize>, Vec<Envelope>) = admitted.into_iter().unzip();
+        let (indexes, envelopes): (Vec<usize>, Vec<Envelope>) = admitted.into_iter().unzip();
         let evaluating = std::time::Instant::now();
         let (plan, evaluation) = tokio::task::spawn_blocking(move || {
-            let evaluation = plan.evaluate(&envelopes);
+            let evaluation = plan.evaluate(&envelopes, &indexes);
             (plan, evaluation)
         })
         .await?;
         let evaluate_us = evaluating.elapsed().as_micros() as u64;
         self.plan = Some(plan);
-        for rejected in &evaluation.rejected {
-            dead.push((admitted[rejected.index], rejected.reason.clone()));
-        }
-        for (index, reason) in &dead {
-            let message = &batch[*index];
-            if !evaluation
-                .rejected
-                .iter()
-                .any(|r| admitted[r.index] == *index)
-            {
-                let event_id = message
-                    .payload()
-                    .and_then(|p| serde_json::from_slice::<serde_json::Value>(p).ok())
-                    .and_then(|v| v.get("id").and_then(|id| id.as_str()).map(str::to_string));
-                log.push(LogEntry {
-                    event_id,
-                    user_id: message
-                        .key()
-                        .map(|k| String::from_utf8_lossy(k).into_owned()),
-                    award_id: None,
-                    objective_id: None,
-                    outcome: "rejected",
-                    reason: reason.clone(),
-                    functions: None,
-                });
-            }
-        }
         log.extend(evaluation.log);
 
-        // Dead letters first: once offsets are committed they are the only
-        // copy of a bad message.
-        let dead_topic = format!("events.{}.dead", self.source.name);
-        for (index, reason) in &dead {
-            let message = &batch[*index];
-            let (partition, offset) = (
-                message.partition().to_string(),
-                message.offset().to_string(),
-            );
-            let mut headers = vec![
-                ("laurel-reason", reason.as_str()),
-                ("laurel-source", self.source.name.as_str()),
-                ("laurel-topic", self.source.topic.as_str()),
-                ("laurel-partition", partition.as_str()),
-                ("laurel-offset", offset.as_str()),
-            ];
-            let original: Vec<(String, String)> = message
-                .headers()
-                .map(|h| {
-                    h.iter()
-                        .map(|header| {
-                            (
-                                header.key.to_string(),
-                                String::from_utf8_lossy(header.value.unwrap_or_default())
-                                    .into_owned(),
-                            )
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
-            headers.extend(original.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-            kafka::publish(
-                &self.shared.dead_letters,
-                &dead_topic,
-                message.key(),
-                message.payload().unwrap_or_default(),
-                &headers,
-            )
-            .await?;
-            warn!(message = "Event dead-lettered.", source = %self.source.name, partition = message.partition(), offset = message.offset(), reason = %reason);
+        // One transaction (split only to find an event PostgreSQL refuses);
+        // retried while the database is away.
+        let input = Batch {
+            source: &self.source.name,
+            messages: &messages,
+            outcomes: &evaluation.outcomes,
+            log: &log,
+            dead: &dead,
+            replaying: &[],
+        };
+        let applying = std::time::Instant::now();
+        let mut retry = Retry::new(&self.source.name);
+        let (applied, refused) = loop {
+            let result = match self.store.heal().await {
+                Ok(_) => apply_isolating(&mut self.store, &input).await,
+                Err(error) => Err(error),
+            };
+            match result {
+                Ok(done) => {
+                    retry.succeeded();
+                    break done;
+                }
+                Err(error) => retry.wait(error, stop).await?,
+            }
+        };
+
+        // Whole events that could not be applied: the dead-letter topic,
+        // before the offsets (they are kept in the database already).
+        let mut letters: Vec<(usize, &str)> =
+            dead.iter().map(|d| (d.index, d.reason.as_str())).collect();
+        letters.extend(refused.iter().map(|d| (d.index, d.reason.as_str())));
+        letters.extend(
+            applied
+                .refused
+                .iter()
+                .map(|(index, reason)| (*index, reason.as_str())),
+        );
+        letters.sort_by_key(|(index, _)| *index);
+        for (index, reason) in &letters {
+            publish_dead_letter(&self.shared, &self.source, &batch[*index], reason, stop).await?;
         }
 
-        // One transaction; retried while the database is unreachable.
-        let mut backoff = Duration::from_millis(100);
-        let applying = std::time::Instant::now();
-        loop {
-            match self
-                .store
-                .apply_batch(&self.source.name, &evaluation.outcomes, &log)
-                .await
-            {
-                Ok(applied) => {
-                    let source = [("source", self.source.name.as_str())];
-                    metrics::add(
-                        metrics::EVENTS_APPLIED,
-                        &source,
-                        (batch.len() - dead.len()) as u64,
-                    );
-                    metrics::add(metrics::EVENTS_DEAD_LETTERED, &source, dead.len() as u64);
-                    debug!(
-                        message = "Batch applied.",
-                        source = %self.source.name,
-                        events = batch.len(),
-                        outcomes = evaluation.outcomes.len(),
-                        changed = applied.changed,
-                        objectives = applied.objectives,
-                        evaluate_us,
-                        apply_us = applying.elapsed().as_micros() as u64,
-                    );
-                    break;
-                }
-                Err(error) if *stop.borrow() => return Err(error.into()),
-                Err(error) => {
-                    warn!(message = "Applying a batch failed; retrying.", source = %self.source.name, %error);
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
-                    if let Ok(store) = Store::connect(&self.shared.database_url).await {
-                        self.store = store;
-                    }
-                }
-            }
+        let source = [("source", self.source.name.as_str())];
+        metrics::add(
+            metrics::EVENTS_APPLIED,
+            &source,
+            (batch.len() - letters.len()) as u64,
+        );
+        metrics::add(metrics::EVENTS_DEAD_LETTERED, &source, letters.len() as u64);
+        for ((award, objective), n) in &applied.held {
+            metrics::add(
+                metrics::EVENTS_HELD,
+                &[
+                    ("source", self.source.name.as_str()),
+                    ("award", award.as_str()),
+                    ("objective", objective.as_str()),
+                ],
+                *n,
+            );
+            warn!(message = "Events held for an objective that cannot apply them.", source = %self.source.name, award = %award, objective = %objective, events = n);
         }
+        debug!(
+            message = "Batch applied.",
+            source = %self.source.name,
+            events = batch.len(),
+            outcomes = evaluation.outcomes.len(),
+            changed = applied.changed,
+            objectives = applied.objectives,
+            evaluate_us,
+            apply_us = applying.elapsed().as_micros() as u64,
+        );
 
         // Only now: the offsets.
         let mut offsets = TopicPartitionList::new();
@@ -583,4 +583,266 @@ impl SourceConsumer {
         }
         Ok(())
     }
+}
+
+/// Publishes one dead letter, retrying while the broker is away.
+async fn publish_dead_letter(
+    shared: &Shared,
+    source: &SourceRow,
+    message: &OwnedMessage,
+    reason: &str,
+    stop: &watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let topic = format!("events.{}.dead", source.name);
+    let reason = crate::event::printable(reason, 4096);
+    let (partition, offset) = (
+        message.partition().to_string(),
+        message.offset().to_string(),
+    );
+    let mut headers = vec![
+        ("laurel-reason", reason.as_str()),
+        ("laurel-source", source.name.as_str()),
+        ("laurel-topic", source.topic.as_str()),
+        ("laurel-partition", partition.as_str()),
+        ("laurel-offset", offset.as_str()),
+    ];
+    let size = message.payload().map_or(0, <[u8]>::len).to_string();
+    if message.payload().map_or(0, <[u8]>::len) > shared.settings.max_event_bytes {
+        headers.push(("laurel-value-omitted-bytes", size.as_str()));
+    }
+    let original: Vec<(String, Vec<u8>)> = message
+        .headers()
+        .map(|h| {
+            h.iter()
+                .map(|header| {
+                    (
+                        header.key.to_string(),
+                        header.value.unwrap_or_default().to_vec(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut backoff = RETRY_FIRST;
+    let mut failed = false;
+    loop {
+        match shared
+            .dead_letters
+            .publish(
+                &topic,
+                message.key(),
+                message.payload(),
+                &headers,
+                &original,
+            )
+            .await
+        {
+            Ok(()) => break,
+            Err(error) if *stop.borrow() => return Err(error),
+            Err(error) => {
+                if !std::mem::replace(&mut failed, true) {
+                    warn!(message = "Failed to publish a dead letter; retrying until the broker takes it.", source = %source.name, %error);
+                }
+                metrics::add(
+                    metrics::INGEST_RETRIES,
+                    &[("source", source.name.as_str())],
+                    1,
+                );
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(RETRY_CAP);
+            }
+        }
+    }
+    warn!(message = "Event dead-lettered.", source = %source.name, partition = message.partition(), offset = message.offset(), reason = %reason);
+    Ok(())
+}
+
+/// A message's event, or why it cannot be used: the checks every message
+/// passes before any function or database sees it (and again on replay).
+fn check_message(
+    key: Option<&[u8]>,
+    value: Option<&[u8]>,
+    source: &str,
+    max_event_bytes: usize,
+) -> Result<Envelope, String> {
+    let Some(value) = value else {
+        return Err("empty message: no value".to_string());
+    };
+    if value.len() > max_event_bytes {
+        return Err(format!(
+            "message of {} bytes is over the limit of {max_event_bytes} bytes",
+            value.len()
+        ));
+    }
+    let envelope = Envelope::parse(value)?;
+    if envelope.source != source {
+        return Err(format!(
+            "unknown source `{}`: this topic carries source `{source}`",
+            envelope.source
+        ));
+    }
+    match key {
+        Some(key) if key != envelope.user_id.as_bytes() => Err(format!(
+            "message key `{}` is not the event's user_id `{}`",
+            String::from_utf8_lossy(key),
+            envelope.user_id
+        )),
+        _ => Ok(envelope),
+    }
+}
+
+fn message_bytes(message: &OwnedMessage) -> usize {
+    message.payload().map_or(0, <[u8]>::len) + message.key().map_or(0, <[u8]>::len)
+}
+
+/// The `id` of a message that could not be used, if it has one to read.
+fn raw_event_id(payload: Option<&[u8]>, limit: usize) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct JustId {
+        id: Option<serde_json::Value>,
+    }
+    let payload = payload.filter(|p| p.len() <= limit)?;
+    match serde_json::from_slice::<JustId>(payload).ok()?.id? {
+        serde_json::Value::String(id) => Some(id),
+        _ => None,
+    }
+}
+
+/// Retrying a database step while PostgreSQL is away (unreachable,
+/// restarting, a lost connection, a serialization failure): with backoff,
+/// said once in the log. A fault of the data is not retried (returned),
+/// and a stop request ends the wait (the batch is consumed again later).
+struct Retry<'a> {
+    source: &'a str,
+    backoff: Duration,
+    since: Option<std::time::Instant>,
+}
+
+impl<'a> Retry<'a> {
+    fn new(source: &'a str) -> Retry<'a> {
+        Retry {
+            source,
+            backoff: RETRY_FIRST,
+            since: None,
+        }
+    }
+
+    /// After a failed attempt: waits before the next, or says why not.
+    async fn wait(
+        &mut self,
+        error: StoreError,
+        stop: &watch::Receiver<bool>,
+    ) -> anyhow::Result<()> {
+        if error.is_data_error() || *stop.borrow() {
+            return Err(error.into());
+        }
+        if self.since.is_none() {
+            self.since = Some(std::time::Instant::now());
+            warn!(message = "PostgreSQL is unavailable; retrying the batch until it is back.", source = %self.source, %error);
+        } else {
+            debug!(message = "PostgreSQL still unavailable.", source = %self.source, %error);
+        }
+        metrics::add(metrics::INGEST_RETRIES, &[("source", self.source)], 1);
+        let mut stop = stop.clone();
+        tokio::select! {
+            _ = tokio::time::sleep(self.backoff) => {}
+            _ = stop.changed() => {}
+        }
+        self.backoff = (self.backoff * 2).min(RETRY_CAP);
+        Ok(())
+    }
+
+    fn succeeded(&self) {
+        if let Some(since) = self.since {
+            info!(message = "PostgreSQL is back; the batch went through.", source = %self.source, after_ms = since.elapsed().as_millis() as u64);
+        }
+    }
+}
+
+/// Applies a batch; if PostgreSQL refuses it for its data (a class 22 or
+/// 54 error that the checks before it did not foresee), splits it in
+/// stream order until the events it refuses are found. Those are kept as
+/// dead letters (returned, for the topic); the rest applies once.
+/// Environment faults are returned as they are.
+pub(crate) async fn apply_isolating(
+    store: &mut Store,
+    batch: &Batch<'_>,
+) -> Result<(Applied, Vec<DeadEvent>), StoreError> {
+    let error = match store.apply_batch(*batch).await {
+        Ok(applied) => return Ok((applied, Vec::new())),
+        Err(error) if !error.is_data_error() => return Err(error),
+        Err(error) => error,
+    };
+    warn!(message = "PostgreSQL refused a batch for its data; finding the events it refuses.", source = %batch.source, %error);
+    let mut applied = Applied::default();
+    let mut refused = Vec::new();
+    // Parts in stream order, front first: a refused part is replaced by
+    // its two halves.
+    let indexes: Vec<usize> = batch.indexes().into_iter().collect();
+    let mut parts: std::collections::VecDeque<(Vec<usize>, Option<StoreError>)> =
+        std::collections::VecDeque::from([(indexes, Some(error))]);
+    while let Some((part, error)) = parts.pop_front() {
+        let error = match error {
+            Some(error) => error,
+            None => {
+                let keep: HashSet<usize> = part.iter().copied().collect();
+                let input = BatchPart::of(batch, |i| keep.contains(&i));
+                match store.apply_batch(input.batch(batch)).await {
+                    Ok(done) => {
+                        applied.merge(done);
+                        continue;
+                    }
+                    Err(error) if !error.is_data_error() => return Err(error),
+                    Err(error) => error,
+                }
+            }
+        };
+        if part.len() > 1 {
+            let (left, right) = part.split_at(part.len() / 2);
+            parts.push_front((right.to_vec(), None));
+            parts.push_front((left.to_vec(), None));
+            continue;
+        }
+        // The event PostgreSQL refuses: kept as a dead letter alone.
+        let index = part[0];
+        let (event_id, user_id) = batch
+            .outcomes
+            .iter()
+            .find(|o| o.index == index)
+            .map(|o| (Some(o.event_id.clone()), Some(o.user_id.clone())))
+            .or_else(|| {
+                batch
+                    .log
+                    .iter()
+                    .find(|l| l.index == index)
+                    .map(|l| (l.event_id.clone(), l.user_id.clone()))
+            })
+            .or_else(|| {
+                batch
+                    .dead
+                    .iter()
+                    .find(|d| d.index == index)
+                    .map(|d| (d.event_id.clone(), d.user_id.clone()))
+            })
+            .unwrap_or((None, None));
+        let dead = DeadEvent {
+            index,
+            event_id,
+            user_id,
+            reason: format!("PostgreSQL refused the event: {error}"),
+        };
+        let alone = BatchPart {
+            dead: vec![dead.clone()],
+            ..BatchPart::default()
+        };
+        match store.apply_batch(alone.batch(batch)).await {
+            Ok(_) => {}
+            Err(error) if error.is_data_error() => {
+                error!(message = "Could not keep a refused event in the database; it goes to the dead-letter topic only.", source = %batch.source, %error);
+            }
+            Err(error) => return Err(error),
+        }
+        refused.push(dead);
+    }
+    Ok((applied, refused))
 }

@@ -428,6 +428,9 @@ impl RuleInstance {
     }
 }
 
+/// Longest de-duplication key a rule may return, in bytes.
+pub const MAX_DEDUP_KEY_BYTES: usize = 512;
+
 fn check_contribution(
     contribution: &Contribution,
     max_counters: usize,
@@ -446,14 +449,22 @@ fn check_contribution(
                 counter.name.len()
             ));
         }
+        if counter.name.contains('\0') {
+            return Err("a counter name contains a NUL character".to_string());
+        }
     }
-    if let Some(key) = &contribution.dedup_key
-        && key.len() > max_text
-    {
-        return Err(format!(
-            "de-duplication key of {} bytes, over the limit of {max_text}",
-            key.len()
-        ));
+    if let Some(key) = &contribution.dedup_key {
+        // Stored in an index beside the user's and the item's ids.
+        let max = max_text.min(MAX_DEDUP_KEY_BYTES);
+        if key.is_empty() || key.len() > max {
+            return Err(format!(
+                "de-duplication key of {} bytes (must be 1 to {max})",
+                key.len()
+            ));
+        }
+        if key.contains('\0') {
+            return Err("the de-duplication key contains a NUL character".to_string());
+        }
     }
     Ok(())
 }

@@ -1,5 +1,6 @@
 //! Applying a batch of rule outcomes to per-user objective counters, in one
-//! transaction, exactly once.
+//! transaction, exactly once: read what the batch touches, decide (pure,
+//! `decide.rs`, where the rules and their unit tests are), write.
 //!
 //! Content items contribute *absolute* counters for their current status;
 //! the difference against what the item (or its de-duplication group)
@@ -9,10 +10,13 @@
 //! transaction locks each of its users' `user_locks` rows (in a fixed
 //! order), so two processes that briefly handle the same user (a rebalance),
 //! or two sources feeding one objective, apply one after the other, never
-//! from the same stale state.
+//! from the same stale state. Dead letters and holds are written in the
+//! same transaction (`dead_letters`), so what is kept for replay and what
+//! was applied never disagree.
 
-use std::borrow::Cow;
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+mod decide;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
@@ -20,6 +24,11 @@ use serde_json::Value;
 
 use super::json_text::{JsonText, ObjectWriter, counters_text, push_counters, push_str};
 use super::{QueryContext, Store, StoreError};
+pub(crate) use decide::counters_from;
+use decide::{
+    ContentKey, Contributions, Decision, GroupKey, HoldReplay, LogRow, MAX_ID_BYTES,
+    MAX_REASON_BYTES, ObjectiveKey, Order, Snapshot, storable,
+};
 
 pub type Counters = BTreeMap<String, i64>;
 
@@ -36,11 +45,17 @@ pub enum Effect {
     /// The content item no longer passes the objective's filters: it
     /// contributes nothing now. `by` names the filter that stopped it.
     Excluded { by: Arc<str> },
+    /// The objective could not decide (a function failed, is quarantined
+    /// or cannot be bound): nothing changes there now, and the event is
+    /// kept for replay for this objective.
+    Held { reason: Arc<str> },
 }
 
 /// One event's effect on one objective.
 #[derive(Debug, Clone)]
 pub struct Outcome {
+    /// The event's position in its batch ([`Batch::messages`]).
+    pub index: usize,
     pub event_id: String,
     pub user_id: String,
     pub award_id: String,
@@ -56,6 +71,8 @@ pub struct Outcome {
 /// A processing-log entry decided before the database (skips, rejections).
 #[derive(Debug, Clone)]
 pub struct LogEntry {
+    /// The event's position in its batch.
+    pub index: usize,
     pub event_id: Option<String>,
     pub user_id: Option<String>,
     pub award_id: Option<String>,
@@ -65,6 +82,130 @@ pub struct LogEntry {
     pub functions: Option<Arc<Value>>,
 }
 
+/// A message as it came from Kafka: what a dead letter keeps.
+#[derive(Debug, Clone, Copy)]
+pub struct Message<'a> {
+    pub topic: &'a str,
+    pub partition: i32,
+    pub offset: i64,
+    pub key: Option<&'a [u8]>,
+    pub value: Option<&'a [u8]>,
+}
+
+/// An event dead-lettered whole, with its reason. Its ids are what could
+/// be read from the message (stored made printable).
+#[derive(Debug, Clone)]
+pub struct DeadEvent {
+    pub index: usize,
+    pub event_id: Option<String>,
+    pub user_id: Option<String>,
+    pub reason: String,
+}
+
+/// A dead letter being replayed (by batch index).
+#[derive(Debug, Clone)]
+pub struct Replaying {
+    pub index: usize,
+    /// Its row in `dead_letters`.
+    pub id: i64,
+    /// The objective it was held for; `None`: the event was dead-lettered
+    /// whole, and is now processed as if it came from Kafka.
+    pub objective: Option<(String, String)>,
+}
+
+/// A batch to apply: everything keyed by the event's position in
+/// `messages`.
+#[derive(Debug, Clone, Copy)]
+pub struct Batch<'a> {
+    /// Scopes content items and additive events' ids.
+    pub source: &'a str,
+    pub messages: &'a [Message<'a>],
+    /// In stream order, an event's outcomes together.
+    pub outcomes: &'a [Outcome],
+    pub log: &'a [LogEntry],
+    /// Events dead-lettered whole before the database.
+    pub dead: &'a [DeadEvent],
+    /// Dead letters being replayed (none from Kafka).
+    pub replaying: &'a [Replaying],
+}
+
+impl<'a> Batch<'a> {
+    /// Outcomes alone, of events that need no dead letter.
+    pub fn of_outcomes(source: &'a str, outcomes: &'a [Outcome]) -> Batch<'a> {
+        Batch {
+            source,
+            messages: &[],
+            outcomes,
+            log: &[],
+            dead: &[],
+            replaying: &[],
+        }
+    }
+
+    /// Every batch index the batch mentions, in order.
+    pub fn indexes(&self) -> BTreeSet<usize> {
+        self.outcomes
+            .iter()
+            .map(|o| o.index)
+            .chain(self.log.iter().map(|l| l.index))
+            .chain(self.dead.iter().map(|d| d.index))
+            .chain(self.replaying.iter().map(|r| r.index))
+            .collect()
+    }
+}
+
+/// The parts of a batch that concern some of its events (the batch is
+/// split to find the event PostgreSQL refuses).
+#[derive(Debug, Clone, Default)]
+pub struct BatchPart {
+    pub outcomes: Vec<Outcome>,
+    pub log: Vec<LogEntry>,
+    pub dead: Vec<DeadEvent>,
+    pub replaying: Vec<Replaying>,
+}
+
+impl BatchPart {
+    pub fn of(batch: &Batch<'_>, keep: impl Fn(usize) -> bool) -> BatchPart {
+        BatchPart {
+            outcomes: batch
+                .outcomes
+                .iter()
+                .filter(|o| keep(o.index))
+                .cloned()
+                .collect(),
+            log: batch
+                .log
+                .iter()
+                .filter(|l| keep(l.index))
+                .cloned()
+                .collect(),
+            dead: batch
+                .dead
+                .iter()
+                .filter(|d| keep(d.index))
+                .cloned()
+                .collect(),
+            replaying: batch
+                .replaying
+                .iter()
+                .filter(|r| keep(r.index))
+                .cloned()
+                .collect(),
+        }
+    }
+
+    pub fn batch<'a>(&'a self, whole: &Batch<'a>) -> Batch<'a> {
+        Batch {
+            source: whole.source,
+            messages: whole.messages,
+            outcomes: &self.outcomes,
+            log: &self.log,
+            dead: &self.dead,
+            replaying: &self.replaying,
+        }
+    }
+}
+
 /// What a batch changed.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct Applied {
@@ -72,11 +213,32 @@ pub struct Applied {
     pub changed: usize,
     /// user_objective rows written.
     pub objectives: usize,
+    /// Events refused whole while applying (a counter would overflow):
+    /// kept as dead letters; the caller publishes them.
+    pub refused: Vec<(usize, String)>,
+    /// Events held for replay, by (award, objective).
+    pub held: BTreeMap<(String, String), u64>,
+    /// Replayed dead letters resolved (applied, or nothing left to apply).
+    pub resolved: usize,
+    /// Replayed dead letters still not applicable.
+    pub still_held: usize,
+    /// Replayed dead letters another replay took first.
+    pub taken: usize,
 }
 
-type ContentKey<'a> = (&'a str, &'a str, &'a str, &'a str); // user, award, objective, content
-type GroupKey<'a> = (&'a str, &'a str, &'a str, &'a str); // user, award, objective, dedup key
-type ObjectiveKey<'a> = (&'a str, &'a str, &'a str); // user, award, objective
+impl Applied {
+    pub fn merge(&mut self, other: Applied) {
+        self.changed += other.changed;
+        self.objectives += other.objectives;
+        self.refused.extend(other.refused);
+        for (objective, n) in other.held {
+            *self.held.entry(objective).or_default() += n;
+        }
+        self.resolved += other.resolved;
+        self.still_held += other.still_held;
+        self.taken += other.taken;
+    }
+}
 
 // Keys borrow from the batch's outcomes and the rows read for it: a batch
 // touches thousands of keys, and copying each one was a measurable share
@@ -90,178 +252,56 @@ type ObjectiveKey<'a> = (&'a str, &'a str, &'a str); // user, award, objective
 // content_items per batch, spilling to disk. OFFSET 0 keeps the subquery
 // from being folded back into a join.
 
-#[derive(Debug, Clone)]
-struct Stored<'a> {
-    counters: Counters,
-    dedup_key: Option<&'a str>,
-}
-
-/// The last event applied to a content item.
-#[derive(Debug, Clone)]
-struct LastApplied<'a> {
-    occurred_at: DateTime<Utc>,
-    event_id: &'a str,
-}
-
-/// A unit of an objective's total: an item on its own, or a group of items
-/// sharing a de-duplication key (the group counts each counter's maximum).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-enum Unit<'a> {
-    Item(&'a str),
-    Group(&'a str),
-}
-
-fn add(into: &mut Counters, from: &Counters, sign: i64) {
-    for (name, value) in from {
-        match into.get_mut(name) {
-            Some(total) => *total += sign * value,
-            None => {
-                into.insert(name.clone(), sign * value);
-            }
-        }
-    }
-}
-
-fn nonzero(counters: Counters) -> Counters {
-    counters.into_iter().filter(|(_, v)| *v != 0).collect()
-}
-
-pub(crate) fn counters_from(value: &Value) -> Counters {
-    value
-        .as_object()
-        .map(|map| {
-            map.iter()
-                .filter_map(|(k, v)| v.as_i64().map(|v| (k.clone(), v)))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// The in-memory view of the contributions a batch touches.
-#[derive(Default)]
-struct Contributions<'a> {
-    items: HashMap<ContentKey<'a>, Stored<'a>>,
-    /// Members of each group touched (content ids).
-    groups: HashMap<GroupKey<'a>, BTreeSet<&'a str>>,
-    /// De-duplication keys that changed: (item, old key, new key).
-    rekeyed: Vec<(ContentKey<'a>, Option<&'a str>, Option<&'a str>)>,
-}
-
-impl<'a> Contributions<'a> {
-    fn unit_value(&self, (user, award, objective): ObjectiveKey<'a>, unit: Unit<'a>) -> Counters {
-        match unit {
-            Unit::Item(content) => self
-                .items
-                .get(&(user, award, objective, content))
-                .map(|s| s.counters.clone())
-                .unwrap_or_default(),
-            Unit::Group(dedup) => {
-                let mut max = Counters::new();
-                for content in self
-                    .groups
-                    .get(&(user, award, objective, dedup))
-                    .into_iter()
-                    .flatten()
-                {
-                    if let Some(stored) = self.items.get(&(user, award, objective, *content)) {
-                        for (name, value) in &stored.counters {
-                            let entry = max.entry(name.clone()).or_insert(*value);
-                            *entry = (*entry).max(*value);
-                        }
-                    }
-                }
-                max
-            }
-        }
-    }
-
-    fn unit_of(content: &'a str, dedup_key: Option<&'a str>) -> Unit<'a> {
-        match dedup_key {
-            Some(key) => Unit::Group(key),
-            None => Unit::Item(content),
-        }
-    }
-
-    /// Loads one stored share of an item: `share` is `{"c": counters, "k": key}`.
-    fn load(
-        &mut self,
-        key: ContentKey<'a>,
-        share: &'a Value,
-        group_keys: &mut BTreeSet<GroupKey<'a>>,
-    ) {
-        let dedup_key = share.get("k").and_then(Value::as_str);
-        if let Some(dedup) = dedup_key {
-            group_keys.insert((key.0, key.1, key.2, dedup));
-            self.groups
-                .entry((key.0, key.1, key.2, dedup))
-                .or_default()
-                .insert(key.3);
-        }
-        let counters = share.get("c").map(counters_from).unwrap_or_default();
-        self.items.entry(key).or_insert(Stored {
-            counters,
-            dedup_key,
-        });
-    }
-
-    /// Replaces an item's contribution; returns the change of the
-    /// objective's counters.
-    fn replace(&mut self, key: ContentKey<'a>, next: Stored<'a>) -> Counters {
-        let (user, award, objective, content) = key;
-        let objective_key = (user, award, objective);
-        let previous = self
-            .items
-            .get(&key)
-            .map(|s| Self::unit_of(content, s.dedup_key));
-        let next_unit = Self::unit_of(content, next.dedup_key);
-        let mut units: Vec<Unit<'a>> = previous.into_iter().chain([next_unit]).collect();
-        units.sort();
-        units.dedup();
-        let mut delta = Counters::new();
-        for unit in &units {
-            add(&mut delta, &self.unit_value(objective_key, *unit), -1);
-        }
-        if let Some(Unit::Group(old_key)) = previous
-            && let Some(members) = self.groups.get_mut(&(user, award, objective, old_key))
-        {
-            members.remove(content);
-        }
-        if let Some(new_key) = next.dedup_key {
-            self.groups
-                .entry((user, award, objective, new_key))
-                .or_default()
-                .insert(content);
-        }
-        let old_key = match previous {
-            Some(Unit::Group(old)) => Some(old),
-            _ => None,
-        };
-        if old_key != next.dedup_key {
-            self.rekeyed.push((key, old_key, next.dedup_key));
-        }
-        self.items.insert(key, next);
-        for unit in &units {
-            add(&mut delta, &self.unit_value(objective_key, *unit), 1);
-        }
-        nonzero(delta)
-    }
-}
-
 impl Store {
-    /// Applies a batch (outcomes in stream order, an event's outcomes
-    /// together) and its log entries in one transaction. `source` scopes
-    /// content items and additive events' ids.
-    pub async fn apply_batch(
-        &mut self,
-        source: &str,
-        outcomes: &[Outcome],
-        log: &[LogEntry],
-    ) -> Result<Applied, StoreError> {
+    /// Applies a batch in one transaction: its outcomes, log entries,
+    /// dead letters and holds; for a replay, marks the dead letters it
+    /// resolved.
+    pub async fn apply_batch(&mut self, batch: Batch<'_>) -> Result<Applied, StoreError> {
+        let source = batch.source;
         let tx = self
             .client_mut()
             .transaction()
             .await
             .context("starting a batch")?;
+
+        // --- read -----------------------------------------------------
+        // Replays first: a dead letter another replay took is left out.
+        let mut replaying: Vec<&Replaying> = batch.replaying.iter().collect();
+        let mut applied = Applied::default();
+        if !replaying.is_empty() {
+            let ids: Vec<i64> = replaying.iter().map(|r| r.id).collect();
+            let claimed: BTreeSet<i64> = tx
+                .query(
+                    "SELECT id FROM dead_letters WHERE id = ANY($1) AND replayed_at IS NULL
+                     ORDER BY id FOR UPDATE",
+                    &[&ids],
+                )
+                .await
+                .context("claiming dead letters to replay")?
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            applied.taken = replaying.len() - claimed.len();
+            replaying.retain(|r| claimed.contains(&r.id));
+        }
+        let taken: BTreeSet<usize> = batch
+            .replaying
+            .iter()
+            .filter(|r| !replaying.iter().any(|c| c.id == r.id))
+            .map(|r| r.index)
+            .collect();
+        let kept_outcomes: Vec<Outcome>;
+        let outcomes: &[Outcome] = if taken.is_empty() {
+            batch.outcomes
+        } else {
+            kept_outcomes = batch
+                .outcomes
+                .iter()
+                .filter(|o| !taken.contains(&o.index))
+                .cloned()
+                .collect();
+            &kept_outcomes
+        };
 
         // Per-user locks, in one order: a user's batches apply one at a
         // time. Row locks, which live in the rows rather than in
@@ -294,8 +334,10 @@ impl Store {
             .filter_map(|o| o.content_id.as_deref().map(|c| (o.user_id.as_str(), c)))
             .collect();
         let (iu, ic): (Vec<&str>, Vec<&str>) = item_keys.iter().copied().unzip();
-        let item_rows = tx
-            .query(
+        let item_rows = if iu.is_empty() {
+            Vec::new()
+        } else {
+            tx.query(
                 "SELECT i.user_id, i.content_id, i.occurred_at, i.event_id, i.shares
                  FROM unnest($2::text[], $3::text[]) AS k(u, c)
                  CROSS JOIN LATERAL (SELECT * FROM content_items i
@@ -303,22 +345,26 @@ impl Store {
                 &[&source, &iu, &ic],
             )
             .await
-            .context("reading content items")?;
+            .context("reading content items")?
+        };
         let item_shares: Vec<Value> = item_rows.iter().map(|r| r.get(4)).collect();
-        let mut items: HashMap<(&str, &str), LastApplied<'_>> = item_rows
+        let items = item_rows
             .iter()
             .map(|r| {
                 (
                     (r.get(0), r.get(1)),
-                    LastApplied {
+                    Order {
                         occurred_at: r.get(2),
                         event_id: r.get(3),
                     },
                 )
             })
             .collect();
-        let mut dirty_items: BTreeSet<(&str, &str)> = BTreeSet::new();
 
+        let mut snapshot = Snapshot {
+            items,
+            ..Snapshot::default()
+        };
         let mut group_keys: BTreeSet<GroupKey<'_>> = BTreeSet::new();
         for o in outcomes {
             if let Effect::Contribution {
@@ -334,8 +380,10 @@ impl Store {
             let (user, content): (&str, &str) = (row.get(0), row.get(1));
             if let Value::Object(shares) = shares {
                 for (name, share) in shares {
-                    if let Some((award, objective)) = name.split_once('/') {
-                        view.load((user, award, objective, content), share, &mut group_keys);
+                    if let Some((award, objective)) = name.split_once('/')
+                        && let Some(group) = view.load((user, award, objective, content), share)
+                    {
+                        group_keys.insert(group);
                     }
                 }
             }
@@ -361,20 +409,16 @@ impl Store {
             .context("reading de-duplication groups")?
         };
         let member_shares: Vec<Value> = member_rows.iter().map(|r| r.get(4)).collect();
-        let mut unused = BTreeSet::new();
         for (row, share) in member_rows.iter().zip(&member_shares) {
-            view.load(
-                (row.get(0), row.get(1), row.get(2), row.get(3)),
-                share,
-                &mut unused,
-            );
+            view.load((row.get(0), row.get(1), row.get(2), row.get(3)), share);
         }
+        snapshot.view = view;
 
         // Additive events already applied (re-delivery adds nothing). Each
         // id once (an event has an outcome per objective), in key order.
         let additive_ids: Vec<&str> = outcomes
             .iter()
-            .filter(|o| matches!(o.effect, Effect::Additive { .. }))
+            .filter(|o| o.content_id.is_none())
             .map(|o| o.event_id.as_str())
             .collect::<BTreeSet<_>>()
             .into_iter()
@@ -391,299 +435,70 @@ impl Store {
             .await
             .context("reading applied events")?
         };
-        let seen_additive: HashSet<&str> = seen_rows.iter().map(|r| r.get(0)).collect();
-        // A set: a batch holds thousands of additive events.
-        let mut newly_applied: BTreeSet<&str> = BTreeSet::new();
-        let mut added_here: HashSet<(&str, &str, &str)> = HashSet::new();
+        snapshot.seen_additive = seen_rows.iter().map(|r| r.get(0)).collect();
 
-        // Each objective's function versions as JSON text, written once per
-        // batch: the outcomes of one objective share them. Keyed by the
-        // shared value's address; log rows borrow the text.
-        let mut function_texts: HashMap<usize, String> = HashMap::new();
-        for o in outcomes {
-            function_texts
-                .entry(Arc::as_ptr(&o.functions) as usize)
-                .or_insert_with(|| o.functions.to_string());
-        }
-        let functions_text =
-            |o: &Outcome| -> &str { &function_texts[&(Arc::as_ptr(&o.functions) as usize)] };
-
-        // Events in stream order; an event's outcomes are adjacent.
-        let mut deltas: BTreeMap<ObjectiveKey<'_>, Counters> = BTreeMap::new();
-        let mut entries: Vec<LogRow<'_>> = Vec::new();
-        let mut applied = Applied::default();
-        let mut index = 0;
-        while index < outcomes.len() {
-            let first = &outcomes[index];
-            let end = index
-                + outcomes[index..]
-                    .iter()
-                    .take_while(|o| o.event_id == first.event_id && o.user_id == first.user_id)
-                    .count();
-            let event = &outcomes[index..end];
-            index = end;
-
-            // A content item's events apply in time order, each once.
-            if let Some(content) = first.content_id.as_deref() {
-                let item = (first.user_id.as_str(), content);
-                if let Some(last) = items.get(&item) {
-                    if first.occurred_at < last.occurred_at {
-                        entries.push(LogRow::skip(
-                            first,
-                            "older than the last applied event for this content item",
-                            functions_text(first),
-                        ));
-                        continue;
-                    }
-                    if first.occurred_at == last.occurred_at && first.event_id == last.event_id {
-                        continue;
-                    }
-                }
-                items.insert(
-                    item,
-                    LastApplied {
-                        occurred_at: first.occurred_at,
-                        event_id: &first.event_id,
-                    },
-                );
-                dirty_items.insert(item);
-            }
-
-            // One log row per event: what it changed, objective by objective.
-            // (award, objective, delta, function versions) of what changed.
-            let mut changes: Vec<(&str, &str, Counters, &str)> = Vec::new();
-            let mut duplicate = false;
-            // Which objectives' filters now stop this item, where that
-            // moved counters.
-            let mut excluded: Vec<String> = Vec::new();
-            for o in event {
-                let objective: ObjectiveKey<'_> = (&o.user_id, &o.award_id, &o.objective_id);
-                let delta = match (&o.effect, o.content_id.as_deref()) {
-                    (Effect::Additive { counters }, _) => {
-                        // One event adds to every objective it reaches: its
-                        // id is recorded once for the batch.
-                        if seen_additive.contains(o.event_id.as_str())
-                            || !added_here.insert((&o.event_id, &o.award_id, &o.objective_id))
-                        {
-                            duplicate = true;
-                            continue;
-                        }
-                        newly_applied.insert(&o.event_id);
-                        nonzero(counters.clone())
-                    }
-                    (effect, Some(content)) => {
-                        let key: ContentKey<'_> =
-                            (&o.user_id, &o.award_id, &o.objective_id, content);
-                        let (counters, dedup_key) = match effect {
-                            Effect::Contribution {
-                                counters,
-                                dedup_key,
-                            } => (nonzero(counters.clone()), dedup_key.as_deref()),
-                            _ => (Counters::new(), None),
-                        };
-                        // An item that never contributed and still doesn't
-                        // needs no row.
-                        if counters.is_empty()
-                            && dedup_key.is_none()
-                            && !view.items.contains_key(&key)
-                        {
-                            continue;
-                        }
-                        view.replace(
-                            key,
-                            Stored {
-                                counters,
-                                dedup_key,
-                            },
-                        )
-                    }
-                    (Effect::Contribution { .. } | Effect::Excluded { .. }, None) => {
-                        // Ingest never builds these: a contribution needs an item.
-                        entries.push(LogRow::reject(
-                            o,
-                            "a content contribution without a content_id",
-                            functions_text(o),
-                        ));
-                        continue;
-                    }
-                };
-                if delta.is_empty() {
-                    continue;
-                }
-                if let Effect::Excluded { by } = &o.effect {
-                    excluded.push(format!(
-                        "{}/{}: excluded by {by}",
-                        o.award_id, o.objective_id
-                    ));
-                }
-                applied.changed += 1;
-                add(deltas.entry(objective).or_default(), &delta, 1);
-                changes.push((&o.award_id, &o.objective_id, delta, functions_text(o)));
-            }
-            if !changes.is_empty() {
-                let reason = (!excluded.is_empty()).then(|| Cow::Owned(excluded.join("; ")));
-                let (deltas, versions) = nested(&mut changes);
-                entries.push(LogRow::event(
-                    first,
-                    "applied",
-                    reason,
-                    Some(deltas),
-                    Some(versions),
-                ));
-            } else if duplicate {
-                entries.push(LogRow::event(
-                    first,
-                    "skipped",
-                    Some("event already applied".into()),
-                    None,
-                    None,
-                ));
-            }
-        }
-
-        // Write back: items (with their shares), group memberships, counters
-        // (new versions), applied ids, log.
-        if !dirty_items.is_empty() {
-            // shares = {"<award>/<objective>": {"c": counters, "k": dedup key}}
-            let mut shares: BTreeMap<(&str, &str), ObjectWriter> = dirty_items
-                .iter()
-                .map(|k| (*k, ObjectWriter::new()))
-                .collect();
-            for ((user, award, objective, content), stored) in &view.items {
-                if stored.counters.is_empty() && stored.dedup_key.is_none() {
-                    continue;
-                }
-                if let Some(object) = shares.get_mut(&(*user, *content)) {
-                    let out = object.key(&format!("{award}/{objective}"));
-                    out.push_str("{\"c\":");
-                    push_counters(out, &stored.counters);
-                    if let Some(key) = stored.dedup_key {
-                        out.push_str(",\"k\":");
-                        push_str(out, key);
-                    }
-                    out.push('}');
-                }
-            }
-            let (u, c): (Vec<&str>, Vec<&str>) = dirty_items.iter().copied().unzip();
-            let at: Vec<DateTime<Utc>> = dirty_items.iter().map(|k| items[k].occurred_at).collect();
-            let event: Vec<&str> = dirty_items.iter().map(|k| items[k].event_id).collect();
-            let shares: Vec<String> = shares.into_values().map(ObjectWriter::finish).collect();
-            let shares: Vec<JsonText<'_>> = shares.iter().map(|s| JsonText(s)).collect();
-            tx.execute(
-                "INSERT INTO content_items (user_id, source, content_id, occurred_at, event_id, shares)
-                 SELECT u, $1, c, t, e, s
-                 FROM unnest($2::text[], $3::text[], $4::timestamptz[], $5::text[], $6::jsonb[]) AS k(u, c, t, e, s)
-                 ON CONFLICT (user_id, source, content_id) DO UPDATE SET
-                     occurred_at = EXCLUDED.occurred_at, event_id = EXCLUDED.event_id, shares = EXCLUDED.shares",
-                &[&source, &u, &c, &at, &event, &shares],
-            )
-            .await
-            .context("writing content items")?;
-        }
-        if !view.rekeyed.is_empty() {
-            // An item may change key more than once in a batch: what counts
-            // is its key before the batch and after it.
-            let mut net: BTreeMap<ContentKey<'_>, (Option<&str>, Option<&str>)> = BTreeMap::new();
-            for (key, old, new) in &view.rekeyed {
-                net.entry(*key)
-                    .and_modify(|(_, last)| *last = *new)
-                    .or_insert((*old, *new));
-            }
-            let left: Vec<(ContentKey<'_>, &str)> = net
-                .iter()
-                .filter(|(_, (before, after))| before != after)
-                .filter_map(|(k, (before, _))| before.map(|b| (*k, b)))
-                .collect();
-            let joined: Vec<(ContentKey<'_>, &str)> = net
-                .iter()
-                .filter(|(_, (before, after))| before != after)
-                .filter_map(|(k, (_, after))| after.map(|a| (*k, a)))
-                .collect();
-            for (rows, sql, context) in [
+        // Current counters of every objective that may change, so that
+        // each event's arithmetic is checked against the real totals.
+        let objective_keys: BTreeSet<ObjectiveKey<'_>> = outcomes
+            .iter()
+            .filter(|o| !matches!(o.effect, Effect::Held { .. }))
+            .map(|o| {
                 (
-                    &left,
-                    "DELETE FROM dedup_members WHERE ctid = ANY (ARRAY(
-                         SELECT m.ctid FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[]) AS k(u, a, o, d, c)
-                         CROSS JOIN LATERAL (SELECT ctid FROM dedup_members m
-                             WHERE m.user_id = k.u AND m.award_id = k.a AND m.objective_id = k.o AND m.dedup_key = k.d
-                               AND m.source = $1 AND m.content_id = k.c OFFSET 0) m))",
-                    "leaving de-duplication groups",
-                ),
-                (
-                    &joined,
-                    "INSERT INTO dedup_members (user_id, award_id, objective_id, dedup_key, source, content_id)
-                     SELECT u, a, o, d, $1, c FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[]) AS k(u, a, o, d, c)
-                     ON CONFLICT DO NOTHING",
-                    "joining de-duplication groups",
-                ),
-            ] {
-                if rows.is_empty() {
-                    continue;
-                }
-                let u: Vec<&str> = rows.iter().map(|(k, _)| k.0).collect();
-                let a: Vec<&str> = rows.iter().map(|(k, _)| k.1).collect();
-                let o: Vec<&str> = rows.iter().map(|(k, _)| k.2).collect();
-                let d: Vec<&str> = rows.iter().map(|(_, d)| *d).collect();
-                let c: Vec<&str> = rows.iter().map(|(k, _)| k.3).collect();
-                tx.execute(sql, &[&source, &u, &a, &o, &d, &c]).await.context(context)?;
-            }
-        }
-        let deltas: Vec<(ObjectiveKey<'_>, Counters)> = deltas
-            .into_iter()
-            .map(|(k, d)| (k, nonzero(d)))
-            .filter(|(_, d)| !d.is_empty())
+                    o.user_id.as_str(),
+                    o.award_id.as_str(),
+                    o.objective_id.as_str(),
+                )
+            })
             .collect();
-        if !deltas.is_empty() {
-            // Current counters, plus the deltas, written back whole: the
-            // per-user locks make this read-modify-write safe.
+        let current_rows = if objective_keys.is_empty() {
+            Vec::new()
+        } else {
             let (mut u, mut a, mut o) = (Vec::new(), Vec::new(), Vec::new());
-            for ((user, award, objective), _) in &deltas {
+            for (user, award, objective) in &objective_keys {
                 u.push(*user);
                 a.push(*award);
                 o.push(*objective);
             }
-            let current_rows = tx
-                .query(
-                    "SELECT uo.user_id, uo.award_id, uo.objective_id, uo.counters
-                     FROM unnest($1::text[], $2::text[], $3::text[]) AS k(u, a, o)
-                     CROSS JOIN LATERAL (SELECT * FROM user_objective uo
-                         WHERE uo.user_id = k.u AND uo.award_id = k.a AND uo.objective_id = k.o OFFSET 0) uo",
-                    &[&u, &a, &o],
-                )
-                .await
-                .context("reading objective counters")?;
-            let current: HashMap<ObjectiveKey<'_>, Counters> = current_rows
-                .iter()
-                .map(|r| {
-                    (
-                        (r.get(0), r.get(1), r.get(2)),
-                        counters_from(&r.get::<_, Value>(3)),
-                    )
-                })
-                .collect();
-            let totals: Vec<String> = deltas
-                .iter()
-                .map(|(k, d)| {
-                    let mut total = current.get(k).cloned().unwrap_or_default();
-                    add(&mut total, d, 1);
-                    counters_text(&total)
-                })
-                .collect();
-            let totals: Vec<JsonText<'_>> = totals.iter().map(|t| JsonText(t)).collect();
-            tx.execute(
-                "INSERT INTO user_objective (user_id, award_id, objective_id, counters, version)
-                 SELECT u, a, o, c, nextval('laurel_version')
-                 FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[]) AS k(u, a, o, c)
-                 ON CONFLICT (user_id, award_id, objective_id) DO UPDATE SET
-                     counters = EXCLUDED.counters, version = EXCLUDED.version, updated_at = now()",
-                &[&u, &a, &o, &totals],
+            tx.query(
+                "SELECT uo.user_id, uo.award_id, uo.objective_id, uo.counters
+                 FROM unnest($1::text[], $2::text[], $3::text[]) AS k(u, a, o)
+                 CROSS JOIN LATERAL (SELECT * FROM user_objective uo
+                     WHERE uo.user_id = k.u AND uo.award_id = k.a AND uo.objective_id = k.o OFFSET 0) uo",
+                &[&u, &a, &o],
             )
             .await
-            .context("updating objective counters")?;
-            applied.objectives = deltas.len();
+            .context("reading objective counters")?
+        };
+        snapshot.totals = current_rows
+            .iter()
+            .map(|r| {
+                (
+                    (r.get(0), r.get(1), r.get(2)),
+                    counters_from(&r.get::<_, Value>(3)),
+                )
+            })
+            .collect();
+        for r in &replaying {
+            if let Some((award, objective)) = &r.objective {
+                snapshot
+                    .replaying_holds
+                    .insert(r.index, (award.as_str(), objective.as_str()));
+            }
         }
-        if !newly_applied.is_empty() {
-            let newly_applied: Vec<&str> = newly_applied.into_iter().collect();
+
+        // --- decide ---------------------------------------------------
+        let function_texts = decide::function_texts(outcomes);
+        let functions_text =
+            |o: &Outcome| -> &str { &function_texts[&(Arc::as_ptr(&o.functions) as usize)] };
+        let (decision, view) = decide::decide(snapshot, outcomes, &functions_text);
+
+        // --- write ----------------------------------------------------
+        applied.changed = decision.changed;
+        applied.objectives = decision.totals.len();
+        write_items(&tx, source, &decision, &view).await?;
+        write_totals(&tx, &decision).await?;
+        if !decision.newly_applied.is_empty() {
+            let newly_applied: Vec<&str> = decision.newly_applied.iter().copied().collect();
             tx.execute(
                 "INSERT INTO applied_events (source, event_id) SELECT $1, unnest($2::text[]) ON CONFLICT DO NOTHING",
                 &[&source, &newly_applied],
@@ -691,25 +506,359 @@ impl Store {
             .await
             .context("recording applied events")?;
         }
-        entries.extend(log.iter().map(LogRow::from_entry));
+
+        // Dead letters: whole events (from before the database, and those
+        // refused here) and holds; for a replay, what became of each.
+        let mut letters: Vec<Letter<'_>> = Vec::new();
+        let event_ids: HashMap<usize, (&str, &str)> = outcomes
+            .iter()
+            .map(|o| (o.index, (o.event_id.as_str(), o.user_id.as_str())))
+            .collect();
+        let mut entries: Vec<LogRow<'_>> = Vec::new();
+        for dead in batch.dead.iter().filter(|d| !taken.contains(&d.index)) {
+            letters.push(Letter {
+                index: dead.index,
+                objective: None,
+                event_id: dead.event_id.as_deref(),
+                user_id: dead.user_id.as_deref(),
+                reason: &dead.reason,
+            });
+            entries.push(LogRow::from_entry_parts(
+                dead.event_id.as_deref(),
+                dead.user_id.as_deref(),
+                &dead.reason,
+            ));
+        }
+        let replay_of: HashMap<usize, &Replaying> =
+            replaying.iter().map(|r| (r.index, *r)).collect();
+        for (index, reason) in &decision.refused {
+            let (event_id, user_id) = event_ids[index];
+            letters.push(Letter {
+                index: *index,
+                objective: None,
+                event_id: Some(event_id),
+                user_id: Some(user_id),
+                reason,
+            });
+        }
+        for hold in &decision.holds {
+            let (event_id, user_id) = event_ids[&hold.index];
+            letters.push(Letter {
+                index: hold.index,
+                objective: Some((hold.award_id, hold.objective_id)),
+                event_id: Some(event_id),
+                user_id: Some(user_id),
+                reason: hold.reason,
+            });
+        }
+        // A whole event replayed: its new holds and refusal are rows of
+        // their own (or the same row again, if refused again).
+        let (refused_again, letters): (Vec<Letter<'_>>, Vec<Letter<'_>>) = letters
+            .into_iter()
+            .partition(|l| l.objective.is_none() && replay_of.contains_key(&l.index));
+        for hold in &decision.holds {
+            *applied
+                .held
+                .entry((hold.award_id.to_string(), hold.objective_id.to_string()))
+                .or_default() += 1;
+        }
+        applied.refused = decision
+            .refused
+            .iter()
+            .filter(|(index, _)| !replay_of.contains_key(index))
+            .cloned()
+            .collect();
+        write_letters(&tx, &batch, source, &letters).await?;
+
+        let mut resolved: Vec<i64> = Vec::new();
+        let mut still: Vec<(i64, String)> = Vec::new();
+        for r in &replaying {
+            match (&r.objective, decision.replayed_holds.get(&r.index)) {
+                (Some(_), Some(HoldReplay::Held(reason))) => still.push((r.id, reason.clone())),
+                (Some(_), _) => resolved.push(r.id),
+                (None, _) => match refused_again.iter().find(|l| l.index == r.index) {
+                    Some(letter) => still.push((r.id, letter.reason.to_string())),
+                    None => resolved.push(r.id),
+                },
+            }
+        }
+        applied.resolved = resolved.len();
+        applied.still_held = still.len();
+        if !resolved.is_empty() {
+            tx.execute(
+                "UPDATE dead_letters SET replayed_at = now(), attempts = attempts + 1 WHERE id = ANY($1)",
+                &[&resolved],
+            )
+            .await
+            .context("marking dead letters replayed")?;
+        }
+        if !still.is_empty() {
+            let (ids, reasons): (Vec<i64>, Vec<String>) = still
+                .into_iter()
+                .map(|(id, reason)| (id, storable(&reason, MAX_REASON_BYTES).into_owned()))
+                .unzip();
+            tx.execute(
+                "UPDATE dead_letters d SET reason = k.r, attempts = d.attempts + 1
+                 FROM unnest($1::bigint[], $2::text[]) AS k(id, r) WHERE d.id = k.id",
+                &[&ids, &reasons],
+            )
+            .await
+            .context("recording why dead letters still fail")?;
+        }
+
+        entries.extend(decision.log);
+        entries.extend(
+            batch
+                .log
+                .iter()
+                .filter(|e| !taken.contains(&e.index))
+                .map(LogRow::from_entry),
+        );
         write_log(&tx, source, &entries).await?;
         tx.commit().await.context("committing a batch")?;
         Ok(applied)
     }
+}
 
-    /// Log entries on their own (a batch in which nothing reached the
-    /// counters).
-    pub async fn write_log(&mut self, source: &str, log: &[LogEntry]) -> Result<(), StoreError> {
-        let entries: Vec<LogRow<'_>> = log.iter().map(LogRow::from_entry).collect();
-        let tx = self
-            .client_mut()
-            .transaction()
-            .await
-            .context("starting a log write")?;
-        write_log(&tx, source, &entries).await?;
-        tx.commit().await.context("committing a log write")
+/// A reason as stored: printable, bounded.
+pub(super) fn storable_reason(text: &str) -> std::borrow::Cow<'_, str> {
+    storable(text, MAX_REASON_BYTES)
+}
+
+/// A row of `dead_letters` to write.
+struct Letter<'a> {
+    index: usize,
+    /// (award, objective) of a hold; `None`: the whole event.
+    objective: Option<(&'a str, &'a str)>,
+    event_id: Option<&'a str>,
+    user_id: Option<&'a str>,
+    reason: &'a str,
+}
+
+async fn write_letters(
+    tx: &tokio_postgres::Transaction<'_>,
+    batch: &Batch<'_>,
+    source: &str,
+    letters: &[Letter<'_>],
+) -> Result<(), StoreError> {
+    if letters.is_empty() {
+        return Ok(());
     }
+    let mut topic = Vec::with_capacity(letters.len());
+    let mut partition: Vec<i32> = Vec::with_capacity(letters.len());
+    let mut offset: Vec<i64> = Vec::with_capacity(letters.len());
+    let mut key: Vec<Option<&[u8]>> = Vec::with_capacity(letters.len());
+    let mut value: Vec<Option<&[u8]>> = Vec::with_capacity(letters.len());
+    let mut award: Vec<Option<&str>> = Vec::with_capacity(letters.len());
+    let mut objective: Vec<Option<&str>> = Vec::with_capacity(letters.len());
+    let mut event_id: Vec<Option<String>> = Vec::with_capacity(letters.len());
+    let mut user_id: Vec<Option<String>> = Vec::with_capacity(letters.len());
+    let mut reason: Vec<String> = Vec::with_capacity(letters.len());
+    for letter in letters {
+        let message = batch
+            .messages
+            .get(letter.index)
+            .copied()
+            .unwrap_or(Message {
+                topic: "",
+                partition: -1,
+                offset: -1,
+                key: None,
+                value: None,
+            });
+        topic.push(message.topic);
+        partition.push(message.partition);
+        offset.push(message.offset);
+        key.push(message.key);
+        value.push(message.value);
+        award.push(letter.objective.map(|o| o.0));
+        objective.push(letter.objective.map(|o| o.1));
+        event_id.push(
+            letter
+                .event_id
+                .map(|t| storable(t, MAX_ID_BYTES).into_owned()),
+        );
+        user_id.push(
+            letter
+                .user_id
+                .map(|t| storable(t, MAX_ID_BYTES).into_owned()),
+        );
+        reason.push(storable(letter.reason, MAX_REASON_BYTES).into_owned());
+    }
+    tx.execute(
+        "INSERT INTO dead_letters (source, topic, partition, \"offset\", key, value, award_id, objective_id, event_id, user_id, reason)
+         SELECT $1, * FROM unnest($2::text[], $3::int[], $4::bigint[], $5::bytea[], $6::bytea[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[])
+         ON CONFLICT DO NOTHING",
+        &[&source, &topic, &partition, &offset, &key, &value, &award, &objective, &event_id, &user_id, &reason],
+    )
+    .await
+    .context("keeping dead letters")?;
+    Ok(())
+}
 
+async fn write_items(
+    tx: &tokio_postgres::Transaction<'_>,
+    source: &str,
+    decision: &Decision<'_>,
+    view: &Contributions<'_>,
+) -> Result<(), StoreError> {
+    if decision.items.is_empty() && view.rekeyed.is_empty() {
+        return Ok(());
+    }
+    if !decision.items.is_empty() {
+        // shares = {"<award>/<objective>": {"c": counters, "k": dedup key}}
+        let mut shares: BTreeMap<(&str, &str), ObjectWriter> = decision
+            .items
+            .keys()
+            .map(|k| (*k, ObjectWriter::new()))
+            .collect();
+        for ((user, award, objective, content), stored) in &view.items {
+            if stored.counters.is_empty() && stored.dedup_key.is_none() {
+                continue;
+            }
+            if let Some(object) = shares.get_mut(&(*user, *content)) {
+                let out = object.key(&format!("{award}/{objective}"));
+                out.push_str("{\"c\":");
+                push_counters(out, &stored.counters);
+                if let Some(key) = stored.dedup_key {
+                    out.push_str(",\"k\":");
+                    push_str(out, key);
+                }
+                out.push('}');
+            }
+        }
+        let (u, c): (Vec<&str>, Vec<&str>) = decision.items.keys().copied().unzip();
+        let at: Vec<DateTime<Utc>> = decision.items.values().map(|o| o.occurred_at).collect();
+        let event: Vec<&str> = decision.items.values().map(|o| o.event_id).collect();
+        let shares: Vec<String> = shares.into_values().map(ObjectWriter::finish).collect();
+        let shares: Vec<JsonText<'_>> = shares.iter().map(|s| JsonText(s)).collect();
+        tx.execute(
+            "INSERT INTO content_items (user_id, source, content_id, occurred_at, event_id, shares)
+             SELECT u, $1, c, t, e, s
+             FROM unnest($2::text[], $3::text[], $4::timestamptz[], $5::text[], $6::jsonb[]) AS k(u, c, t, e, s)
+             ON CONFLICT (user_id, source, content_id) DO UPDATE SET
+                 occurred_at = EXCLUDED.occurred_at, event_id = EXCLUDED.event_id, shares = EXCLUDED.shares",
+            &[&source, &u, &c, &at, &event, &shares],
+        )
+        .await
+        .context("writing content items")?;
+    }
+    if !view.rekeyed.is_empty() {
+        // An item may change key more than once in a batch: what counts
+        // is its key before the batch and after it.
+        let mut net: BTreeMap<ContentKey<'_>, (Option<&str>, Option<&str>)> = BTreeMap::new();
+        for (key, old, new) in &view.rekeyed {
+            net.entry(*key)
+                .and_modify(|(_, last)| *last = *new)
+                .or_insert((*old, *new));
+        }
+        let left: Vec<(ContentKey<'_>, &str)> = net
+            .iter()
+            .filter(|(_, (before, after))| before != after)
+            .filter_map(|(k, (before, _))| before.map(|b| (*k, b)))
+            .collect();
+        let joined: Vec<(ContentKey<'_>, &str)> = net
+            .iter()
+            .filter(|(_, (before, after))| before != after)
+            .filter_map(|(k, (_, after))| after.map(|a| (*k, a)))
+            .collect();
+        for (rows, sql, context) in [
+            (
+                &left,
+                "DELETE FROM dedup_members WHERE ctid = ANY (ARRAY(
+                     SELECT m.ctid FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[]) AS k(u, a, o, d, c)
+                     CROSS JOIN LATERAL (SELECT ctid FROM dedup_members m
+                         WHERE m.user_id = k.u AND m.award_id = k.a AND m.objective_id = k.o AND m.dedup_key = k.d
+                           AND m.source = $1 AND m.content_id = k.c OFFSET 0) m))",
+                "leaving de-duplication groups",
+            ),
+            (
+                &joined,
+                "INSERT INTO dedup_members (user_id, award_id, objective_id, dedup_key, source, content_id)
+                 SELECT u, a, o, d, $1, c FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[]) AS k(u, a, o, d, c)
+                 ON CONFLICT DO NOTHING",
+                "joining de-duplication groups",
+            ),
+        ] {
+            if rows.is_empty() {
+                continue;
+            }
+            let u: Vec<&str> = rows.iter().map(|(k, _)| k.0).collect();
+            let a: Vec<&str> = rows.iter().map(|(k, _)| k.1).collect();
+            let o: Vec<&str> = rows.iter().map(|(k, _)| k.2).collect();
+            let d: Vec<&str> = rows.iter().map(|(_, d)| *d).collect();
+            let c: Vec<&str> = rows.iter().map(|(k, _)| k.3).collect();
+            tx.execute(sql, &[&source, &u, &a, &o, &d, &c])
+                .await
+                .context(context)?;
+        }
+    }
+    Ok(())
+}
+
+/// Each changed objective's new counters, written whole: the per-user
+/// locks make the read-modify-write safe.
+async fn write_totals(
+    tx: &tokio_postgres::Transaction<'_>,
+    decision: &Decision<'_>,
+) -> Result<(), StoreError> {
+    if decision.totals.is_empty() {
+        return Ok(());
+    }
+    let (mut u, mut a, mut o) = (Vec::new(), Vec::new(), Vec::new());
+    for (user, award, objective) in decision.totals.keys() {
+        u.push(*user);
+        a.push(*award);
+        o.push(*objective);
+    }
+    let totals: Vec<String> = decision.totals.values().map(counters_text).collect();
+    let totals: Vec<JsonText<'_>> = totals.iter().map(|t| JsonText(t)).collect();
+    tx.execute(
+        "INSERT INTO user_objective (user_id, award_id, objective_id, counters, version)
+         SELECT u, a, o, c, nextval('laurel_version')
+         FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[]) AS k(u, a, o, c)
+         ON CONFLICT (user_id, award_id, objective_id) DO UPDATE SET
+             counters = EXCLUDED.counters, version = EXCLUDED.version, updated_at = now()",
+        &[&u, &a, &o, &totals],
+    )
+    .await
+    .context("updating objective counters")?;
+    Ok(())
+}
+
+async fn write_log(
+    tx: &tokio_postgres::Transaction<'_>,
+    source: &str,
+    rows: &[LogRow<'_>],
+) -> Result<(), StoreError> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let event: Vec<Option<&str>> = rows.iter().map(|r| r.event_id.as_deref()).collect();
+    let user: Vec<Option<&str>> = rows.iter().map(|r| r.user_id.as_deref()).collect();
+    let award: Vec<Option<&str>> = rows.iter().map(|r| r.award_id).collect();
+    let objective: Vec<Option<&str>> = rows.iter().map(|r| r.objective_id).collect();
+    let outcome: Vec<&str> = rows.iter().map(|r| r.outcome).collect();
+    let reason: Vec<Option<&str>> = rows.iter().map(|r| r.reason.as_deref()).collect();
+    let deltas: Vec<Option<JsonText<'_>>> = rows
+        .iter()
+        .map(|r| r.deltas.as_deref().map(JsonText))
+        .collect();
+    let functions: Vec<Option<JsonText<'_>>> = rows
+        .iter()
+        .map(|r| r.functions.as_deref().map(JsonText))
+        .collect();
+    tx.execute(
+        "INSERT INTO processing_log (source, event_id, user_id, award_id, objective_id, outcome, reason, deltas, functions)
+         SELECT $1, * FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::jsonb[], $9::jsonb[])",
+        &[&source, &event, &user, &award, &objective, &outcome, &reason, &deltas, &functions],
+    )
+    .await
+    .context("writing the processing log")?;
+    Ok(())
+}
+
+impl Store {
     /// Which of `user_ids` are banned or deleted, with their state.
     pub async fn excluded_users(
         &self,
@@ -774,6 +923,17 @@ impl Store {
             )
             .await
             .context("pruning applied events")?;
+        // Dead letters, replayed or not: the dead-letter topic's retention
+        // is the longer record.
+        let letters = self
+            .client()
+            .execute(
+                "DELETE FROM dead_letters WHERE id IN (
+                     SELECT id FROM dead_letters WHERE dead_at < now() - make_interval(days => $1) LIMIT $2)",
+                &[&log_days, &limit],
+            )
+            .await
+            .context("pruning dead letters")?;
         // Finished deliveries; the transitions they announced stay.
         let notifications = self
             .client()
@@ -785,7 +945,7 @@ impl Store {
             )
             .await
             .context("pruning finished notifications")?;
-        Ok(log + applied + notifications)
+        Ok(log + applied + letters + notifications)
     }
 }
 
@@ -800,130 +960,4 @@ fn unzip4<'a>(
         d.push(z);
     }
     (a, b, c, d)
-}
-
-/// An event's changes as two JSON objects keyed by award, then objective:
-/// the deltas, and the function versions that decided them.
-fn nested(changes: &mut [(&str, &str, Counters, &str)]) -> (String, String) {
-    changes.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
-    let (mut deltas, mut versions) = (ObjectWriter::new(), ObjectWriter::new());
-    for per_award in changes.chunk_by(|a, b| a.0 == b.0) {
-        let (mut award_deltas, mut award_versions) = (ObjectWriter::new(), ObjectWriter::new());
-        for (_, objective, delta, functions) in per_award {
-            push_counters(award_deltas.key(objective), delta);
-            award_versions.key(objective).push_str(functions);
-        }
-        deltas.key(per_award[0].0).push_str(&award_deltas.finish());
-        versions
-            .key(per_award[0].0)
-            .push_str(&award_versions.finish());
-    }
-    (deltas.finish(), versions.finish())
-}
-
-/// A processing-log row. An applied event has one row, its `deltas` and
-/// `functions` keyed by award, then objective.
-struct LogRow<'a> {
-    event_id: Option<&'a str>,
-    user_id: Option<&'a str>,
-    award_id: Option<&'a str>,
-    objective_id: Option<&'a str>,
-    outcome: &'static str,
-    reason: Option<Cow<'a, str>>,
-    /// JSON text.
-    deltas: Option<String>,
-    /// JSON text.
-    functions: Option<Cow<'a, str>>,
-}
-
-impl<'a> LogRow<'a> {
-    fn of(
-        o: &'a Outcome,
-        outcome: &'static str,
-        reason: Option<Cow<'a, str>>,
-        functions: &'a str,
-    ) -> LogRow<'a> {
-        LogRow {
-            event_id: Some(&o.event_id),
-            user_id: Some(&o.user_id),
-            award_id: Some(&o.award_id),
-            objective_id: Some(&o.objective_id),
-            outcome,
-            reason,
-            deltas: None,
-            functions: Some(Cow::Borrowed(functions)),
-        }
-    }
-
-    /// A row about a whole event (every objective it reached).
-    fn event(
-        o: &'a Outcome,
-        outcome: &'static str,
-        reason: Option<Cow<'a, str>>,
-        deltas: Option<String>,
-        functions: Option<String>,
-    ) -> LogRow<'a> {
-        LogRow {
-            event_id: Some(&o.event_id),
-            user_id: Some(&o.user_id),
-            award_id: None,
-            objective_id: None,
-            outcome,
-            reason,
-            deltas,
-            functions: functions.map(Cow::Owned),
-        }
-    }
-
-    fn skip(o: &'a Outcome, reason: &'static str, functions: &'a str) -> LogRow<'a> {
-        LogRow::of(o, "skipped", Some(reason.into()), functions)
-    }
-
-    fn reject(o: &'a Outcome, reason: &'static str, functions: &'a str) -> LogRow<'a> {
-        LogRow::of(o, "rejected", Some(reason.into()), functions)
-    }
-
-    fn from_entry(e: &'a LogEntry) -> LogRow<'a> {
-        LogRow {
-            event_id: e.event_id.as_deref(),
-            user_id: e.user_id.as_deref(),
-            award_id: e.award_id.as_deref(),
-            objective_id: e.objective_id.as_deref(),
-            outcome: e.outcome,
-            reason: Some(Cow::Borrowed(&e.reason)),
-            deltas: None,
-            functions: e.functions.as_deref().map(|f| Cow::Owned(f.to_string())),
-        }
-    }
-}
-async fn write_log(
-    tx: &tokio_postgres::Transaction<'_>,
-    source: &str,
-    rows: &[LogRow<'_>],
-) -> Result<(), StoreError> {
-    if rows.is_empty() {
-        return Ok(());
-    }
-    let event: Vec<Option<&str>> = rows.iter().map(|r| r.event_id).collect();
-    let user: Vec<Option<&str>> = rows.iter().map(|r| r.user_id).collect();
-    let award: Vec<Option<&str>> = rows.iter().map(|r| r.award_id).collect();
-    let objective: Vec<Option<&str>> = rows.iter().map(|r| r.objective_id).collect();
-    let outcome: Vec<&str> = rows.iter().map(|r| r.outcome).collect();
-    let reason: Vec<Option<&str>> = rows.iter().map(|r| r.reason.as_deref()).collect();
-    let deltas: Vec<Option<JsonText<'_>>> = rows
-        .iter()
-        .map(|r| r.deltas.as_deref().map(JsonText))
-        .collect();
-    let functions: Vec<Option<JsonText<'_>>> = rows
-        .iter()
-        .map(|r| r.functions.as_deref().map(JsonText))
-        .collect();
-    tx.execute(
-        "INSERT INTO processing_log (source, event_id, user_id, award_id, objective_id, outcome, reason, deltas, functions)
-         SELECT $1, * FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::jsonb[], $9::jsonb[])",
-        &[&source, &event, &user, &award, &objective, &outcome, &reason, &deltas, &functions],
-    )
-    .await
-    .context("writing the processing log")?;
-    Ok(())
 }

@@ -6,6 +6,7 @@
 mod achievements;
 mod awards;
 mod counters;
+mod dead_letters;
 mod functions;
 mod json_text;
 mod migrations;
@@ -19,7 +20,10 @@ pub use achievements::{
     OUTBOX_CHANNEL, ObjectiveCounters, Transition, TransitionKind, TransitionRow,
 };
 pub use awards::{AWARDS_CHANNEL, AwardRow, SOURCES_CHANNEL, SourceRow};
-pub use counters::{Applied, Counters, Effect, LogEntry, Outcome};
+pub use counters::{
+    Applied, Batch, BatchPart, Counters, DeadEvent, Effect, LogEntry, Message, Outcome, Replaying,
+};
+pub use dead_letters::{DeadLetterRow, HeldObjective, LetterFilter, StoredLetter};
 pub use functions::{FunctionRow, FunctionVersion, PushOutcome};
 pub use migrations::MIGRATIONS;
 pub use notifications::{Delivery, NotificationRow, Webhook};
@@ -71,6 +75,30 @@ pub enum StoreError {
     },
 }
 
+impl StoreError {
+    /// Whether the error belongs to the data a statement carried:
+    /// PostgreSQL's data exceptions (class 22: a NUL in text, a value out of
+    /// range) and program limits (class 54: an index entry too large), or a
+    /// value the client could not encode. The same data fails again, so a
+    /// retry cannot help; everything else (a lost connection, a server
+    /// shutting down, a serialization failure or deadlock, no free
+    /// connection) is the environment's, and is retried.
+    pub fn is_data_error(&self) -> bool {
+        match self {
+            StoreError::Query { source, .. } => match source.code() {
+                Some(code) => {
+                    let class = &code.code()[..2];
+                    class == "22" || class == "54"
+                }
+                None => source
+                    .to_string()
+                    .starts_with("error serializing parameter"),
+            },
+            _ => false,
+        }
+    }
+}
+
 /// tokio-postgres says only "db error" for a server error: say what the
 /// server said.
 fn describe_error(error: &tokio_postgres::Error) -> String {
@@ -97,9 +125,12 @@ impl<T> QueryContext<T> for Result<T, tokio_postgres::Error> {
     }
 }
 
-/// A connection to Laurel's database.
+/// A connection to Laurel's database. A connection that was lost (the
+/// server restarted, the backend was terminated) is replaced by
+/// [`Store::heal`], which every long-lived holder calls before its work.
 pub struct Store {
     client: Client,
+    config: Config,
 }
 
 fn describe(config: &Config) -> String {
@@ -169,7 +200,28 @@ impl Store {
                 warn!(message = "PostgreSQL connection closed.", %error);
             }
         });
-        Ok(Store { client })
+        Ok(Store { client, config })
+    }
+
+    /// Whether the connection is gone (every query would fail).
+    pub fn is_closed(&self) -> bool {
+        self.client.is_closed()
+    }
+
+    /// Reconnects if the connection is gone; returns whether it did.
+    pub async fn heal(&mut self) -> Result<bool, StoreError> {
+        if !self.client.is_closed() {
+            return Ok(false);
+        }
+        let (client, connection) = open(&self.config).await?;
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                warn!(message = "PostgreSQL connection closed.", %error);
+            }
+        });
+        self.client = client;
+        info!(message = "Reconnected to PostgreSQL.", target = %describe(&self.config));
+        Ok(true)
     }
 
     pub(crate) fn client(&self) -> &Client {

@@ -16,5 +16,6 @@ mod pipeline_support;
 mod processes;
 mod proxy;
 mod registry;
+mod stream_goes_on;
 mod support;
 mod user_locks;

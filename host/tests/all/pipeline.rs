@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde_json::json;
 
-use crate::pipeline_support::{Pipeline, event};
+use crate::pipeline_support::{Pipeline, dead_letters, event};
 
 const PHOTOS_AWARD: &str = r#"[{
   "id": "photographer", "title": "Photographer",
@@ -248,39 +248,6 @@ const VISITS_AWARD: &str = r#"[{
   "strategy": {"goal": 100, "strategy": [{"objective_id": "visits"}]}
 }]"#;
 
-/// Reads `count` messages from a topic (all partitions, from the start) and
-/// returns each one's `laurel-reason` header.
-async fn dead_letters(brokers: &str, topic: &str, count: usize) -> Vec<String> {
-    use rdkafka::consumer::{Consumer, StreamConsumer};
-    use rdkafka::message::{Headers, Message};
-    let consumer: StreamConsumer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("group.id", format!("test-reader-{topic}"))
-        .set("auto.offset.reset", "earliest")
-        .set("enable.auto.commit", "false")
-        .create()
-        .unwrap();
-    consumer.subscribe(&[topic]).unwrap();
-    let mut reasons = Vec::new();
-    while reasons.len() < count {
-        let message = tokio::time::timeout(std::time::Duration::from_secs(60), consumer.recv())
-            .await
-            .unwrap_or_else(|_| panic!("only {} of {count} dead letters arrived", reasons.len()))
-            .unwrap();
-        let reason = message
-            .headers()
-            .and_then(|h| {
-                h.iter()
-                    .find(|h| h.key == "laurel-reason")
-                    .and_then(|h| h.value)
-            })
-            .map(|v| String::from_utf8_lossy(v).into_owned())
-            .unwrap_or_default();
-        reasons.push(reason);
-    }
-    reasons
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_messages_are_dead_lettered_with_reasons_and_every_good_one_is_applied() {
     let mut p = Pipeline::start_with(VISITS_AWARD, &["bss"], |s| laurel::ingest::IngestSettings {
@@ -406,7 +373,7 @@ async fn bad_messages_are_dead_lettered_with_reasons_and_every_good_one_is_appli
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_event_that_makes_a_function_trap_is_dead_lettered_and_the_stream_goes_on() {
+async fn an_event_that_makes_a_function_trap_is_held_for_its_objective_and_the_stream_goes_on() {
     let hostile_award = r#"[{
       "id": "hostile", "title": "Hostile",
       "objectives": [{"id": "count",
@@ -456,16 +423,18 @@ async fn an_event_that_makes_a_function_trap_is_dead_lettered_and_the_stream_goe
         p.objective("u-5", "hostile", "count").await,
         counters(&[("count", 2)])
     );
-    let reasons = dead_letters(p.broker.bootstrap_servers(), "events.photos.dead", 1).await;
-    assert!(
-        reasons[0].starts_with("award hostile, objective count: function Hostile v1 trapped:"),
-        "{}",
-        reasons[0]
+    // Held for that objective alone, kept for replay, with the reason.
+    let held = p.dead_letters().await;
+    assert_eq!(held.len(), 1, "{held:?}");
+    let (event_id, scope, reason) = &held[0];
+    assert_eq!(
+        (event_id.as_deref(), scope.as_deref()),
+        (Some("bad-1"), Some("hostile/count"))
     );
     assert!(
-        reasons[0].contains("hostile rule panics on event bad-1"),
-        "{}",
-        reasons[0]
+        reason.starts_with("award hostile, objective count: function Hostile v1 trapped:")
+            && reason.contains("hostile rule panics on event bad-1"),
+        "{reason}"
     );
     p.stop().await;
 }

@@ -239,6 +239,22 @@ impl Pipeline {
         .collect()
     }
 
+    /// Open dead letters, oldest first: (event id, `award/objective` for a
+    /// hold or None for a whole event, reason).
+    pub async fn dead_letters(&self) -> Vec<(Option<String>, Option<String>, String)> {
+        let sql = self.db.sql().await;
+        sql.query(
+            "SELECT event_id, award_id || '/' || objective_id, reason FROM dead_letters
+             WHERE replayed_at IS NULL ORDER BY id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect()
+    }
+
     /// An awards worker on this pipeline's database, with a registry and a
     /// catalog of its own (as a separate process would have).
     pub async fn awards_worker(&self) -> AwardsWorker {
@@ -286,4 +302,62 @@ pub fn event(
         e["status"] = status.into();
     }
     e
+}
+
+/// Reads `count` messages from a topic (all partitions, from the start) and
+/// returns each one's `laurel-reason` header.
+pub async fn dead_letters(brokers: &str, topic: &str, count: usize) -> Vec<String> {
+    dead_letter_messages(brokers, topic, count)
+        .await
+        .into_iter()
+        .map(|(_, reason, _)| reason)
+        .collect()
+}
+
+/// Reads `count` messages from a topic (all partitions, from the start):
+/// each one's key, `laurel-reason` header and value size.
+pub async fn dead_letter_messages(
+    brokers: &str,
+    topic: &str,
+    count: usize,
+) -> Vec<(Option<Vec<u8>>, String, usize)> {
+    use rdkafka::consumer::{Consumer, StreamConsumer};
+    use rdkafka::message::{Headers, Message};
+    let consumer: StreamConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", format!("test-reader-{topic}-{}", rand_suffix()))
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    consumer.subscribe(&[topic]).unwrap();
+    let mut found = Vec::new();
+    while found.len() < count {
+        let message = tokio::time::timeout(Duration::from_secs(60), consumer.recv())
+            .await
+            .unwrap_or_else(|_| panic!("only {} of {count} dead letters arrived", found.len()))
+            .unwrap();
+        let reason = message
+            .headers()
+            .and_then(|h| {
+                h.iter()
+                    .find(|h| h.key == "laurel-reason")
+                    .and_then(|h| h.value)
+            })
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+            .unwrap_or_default();
+        found.push((
+            message.key().map(<[u8]>::to_vec),
+            reason,
+            message.payload().map_or(0, <[u8]>::len),
+        ));
+    }
+    found
+}
+
+fn rand_suffix() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
 }

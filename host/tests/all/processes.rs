@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 
 use crate::support::{self, TestDb};
 
-const AWARDS: &str = r#"[{
+pub const AWARDS: &str = r#"[{
   "id": "photographer", "title": "Photographer",
   "objectives": [{"id": "photo",
     "filters": [{"name": "SourceFilter", "config": {"sources": ["photos"]}}],
@@ -39,7 +39,7 @@ const AWARDS: &str = r#"[{
 }]"#;
 
 /// A small deterministic generator (xorshift), so a failure reproduces.
-struct Rng(u64);
+pub struct Rng(pub u64);
 
 impl Rng {
     fn next(&mut self) -> u64 {
@@ -49,22 +49,24 @@ impl Rng {
         self.0
     }
 
-    fn below(&mut self, n: u64) -> u64 {
+    pub fn below(&mut self, n: u64) -> u64 {
         self.next() % n
     }
 }
 
-type Expected = BTreeMap<(String, String, String), BTreeMap<String, i64>>;
+pub type Expected = BTreeMap<(String, String, String), BTreeMap<String, i64>>;
 
 /// `count` events over three sources (topic, key, value), and the counters
 /// they must lead to, computed from the events alone.
-fn workload(count: usize, seed: u64) -> (Vec<(String, String, String)>, Expected) {
+pub fn workload(count: usize, seed: u64) -> (Vec<(String, String, String)>, Expected) {
     let mut rng = Rng(seed);
     let statuses = ["moderation", "active", "blocked", "hidden", "deleted"];
     let mut events = Vec::with_capacity(count);
-    // Latest (time, status) per photo and per review; analytics ids.
-    let mut photos: HashMap<(String, String), (u64, &str)> = HashMap::new();
-    let mut reviews: HashMap<(String, String), (u64, &str, String)> = HashMap::new();
+    // Latest (time, id, status) per photo and per review; analytics ids.
+    // Events apply in (occurred_at, id) order: of two with the same time,
+    // the larger id (byte order) is the later.
+    let mut photos: HashMap<(String, String), (u64, String, &str)> = HashMap::new();
+    let mut reviews: HashMap<(String, String), (u64, String, &str, String)> = HashMap::new();
     let mut opened: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     let mut clock = 1_000u64;
     for i in 0..count {
@@ -85,8 +87,12 @@ fn workload(count: usize, seed: u64) -> (Vec<(String, String, String)>, Expected
                 let content = format!("photo-{}", rng.below(8));
                 let status = statuses[rng.below(5) as usize];
                 let key = (user.clone(), content.clone());
-                if photos.get(&key).is_none_or(|(t, _)| at >= *t) {
-                    photos.insert(key, (at, status));
+                let id = format!("p-{i}");
+                if photos
+                    .get(&key)
+                    .is_none_or(|(t, last, _)| (at, &id) > (*t, last))
+                {
+                    photos.insert(key, (at, id, status));
                 }
                 (
                     "photos",
@@ -102,10 +108,14 @@ fn workload(count: usize, seed: u64) -> (Vec<(String, String, String)>, Expected
                 // A review names its object in every event; keep it stable.
                 let object = reviews
                     .get(&key)
-                    .map(|(_, _, o)| o.clone())
+                    .map(|(_, _, _, o)| o.clone())
                     .unwrap_or(object);
-                if reviews.get(&key).is_none_or(|(t, _, _)| at >= *t) {
-                    reviews.insert(key, (at, status, object.clone()));
+                let id = format!("r-{i}");
+                if reviews
+                    .get(&key)
+                    .is_none_or(|(t, last, _, _)| (at, &id) > (*t, last))
+                {
+                    reviews.insert(key, (at, id, status, object.clone()));
                 }
                 (
                     "reviews",
@@ -153,7 +163,7 @@ fn workload(count: usize, seed: u64) -> (Vec<(String, String, String)>, Expected
         }
     }
     let mut expected: Expected = BTreeMap::new();
-    for ((user, _), (_, status)) in &photos {
+    for ((user, _), (_, _, status)) in &photos {
         let counter = match *status {
             "active" => "approved",
             "moderation" => "on_moderation",
@@ -167,7 +177,7 @@ fn workload(count: usize, seed: u64) -> (Vec<(String, String, String)>, Expected
             .or_insert(0) += 1;
     }
     let mut counted_objects: BTreeSet<(String, String)> = BTreeSet::new();
-    for ((user, _), (_, status, object)) in &reviews {
+    for ((user, _), (_, _, status, object)) in &reviews {
         if *status == "active" {
             counted_objects.insert((user.clone(), object.clone()));
         }
@@ -269,7 +279,7 @@ async fn prepare(events: usize, seed: u64) -> (TestDb, Broker, Expected) {
     (db, broker, expected)
 }
 
-async fn actual(db: &TestDb) -> Expected {
+pub async fn actual(db: &TestDb) -> Expected {
     let sql = db.sql().await;
     let rows = sql
         .query(
@@ -297,7 +307,7 @@ async fn actual(db: &TestDb) -> Expected {
 
 /// Waits until the counters equal `expected` (or a minute passes), then
 /// returns them.
-async fn settle(db: &TestDb, expected: &Expected) -> Expected {
+pub async fn settle(db: &TestDb, expected: &Expected) -> Expected {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     loop {
         let now = actual(db).await;
@@ -308,7 +318,7 @@ async fn settle(db: &TestDb, expected: &Expected) -> Expected {
     }
 }
 
-fn diff(expected: &Expected, actual: &Expected) -> String {
+pub fn diff(expected: &Expected, actual: &Expected) -> String {
     let mut lines = Vec::new();
     for key in expected
         .keys()

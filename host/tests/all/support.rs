@@ -55,10 +55,16 @@ fn server_url() -> String {
 pub struct TestDb {
     pub url: String,
     name: String,
+    server: String,
 }
 
 impl TestDb {
     pub async fn new() -> TestDb {
+        TestDb::on(&server_url()).await
+    }
+
+    /// A database on the server at `server` (a URL without a database).
+    pub async fn on(server: &str) -> TestDb {
         static COUNTER: AtomicU32 = AtomicU32::new(0);
         let name = format!(
             "laurel_test_{}_{}_{}",
@@ -69,11 +75,19 @@ impl TestDb {
                 .unwrap()
                 .subsec_nanos()
         );
-        let url = format!("{}/{name}", server_url());
+        let url = format!("{server}/{name}");
         // Store::connect creates the database.
         let mut store = Store::connect(&url).await.expect("test database");
         store.migrate().await.expect("migrations apply");
-        TestDb { url, name }
+        TestDb {
+            url,
+            name,
+            server: server.to_string(),
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
     }
 
     pub async fn store(&self) -> Store {
@@ -87,7 +101,7 @@ impl TestDb {
     }
 
     pub async fn drop_database(self) {
-        let admin = connect(&format!("{}/postgres", server_url())).await;
+        let admin = connect(&format!("{}/postgres", self.server)).await;
         admin
             .batch_execute(&format!(
                 "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",

@@ -6,14 +6,20 @@
 use std::sync::Arc;
 
 use chrono::Utc;
-use laurel::store::{Effect, Outcome, Store};
+use laurel::store::{Batch, Effect, Outcome, Store};
 use serde_json::json;
 
 use crate::support::TestDb;
 
 /// One event adding 1 to counter `n` of objective `a/o` for `user`.
-fn adding_one(event_id: String, user: &str, functions: &Arc<serde_json::Value>) -> Outcome {
+fn adding_one(
+    index: usize,
+    event_id: String,
+    user: &str,
+    functions: &Arc<serde_json::Value>,
+) -> Outcome {
     Outcome {
+        index,
         event_id,
         user_id: user.to_string(),
         award_id: "a".into(),
@@ -42,9 +48,13 @@ async fn two_sources_adding_to_one_objective_at_once_lose_nothing() {
             for batch in 0..BATCHES {
                 let outcomes: Vec<Outcome> = users
                     .iter()
-                    .map(|u| adding_one(format!("{source}-{batch}-{u}"), u, &functions))
+                    .enumerate()
+                    .map(|(i, u)| adding_one(i, format!("{source}-{batch}-{u}"), u, &functions))
                     .collect();
-                store.apply_batch(source, &outcomes, &[]).await.unwrap();
+                store
+                    .apply_batch(Batch::of_outcomes(source, &outcomes))
+                    .await
+                    .unwrap();
             }
         }));
     }
@@ -90,10 +100,13 @@ async fn a_batch_of_more_users_than_the_lock_table_holds_applies() {
     let users = 3 * capacity as usize;
     let functions = Arc::new(json!({}));
     let outcomes: Vec<Outcome> = (0..users)
-        .map(|u| adding_one(format!("e-{u}"), &format!("user-{u:07}"), &functions))
+        .map(|u| adding_one(u, format!("e-{u}"), &format!("user-{u:07}"), &functions))
         .collect();
     let mut store = db.store().await;
-    let applied = store.apply_batch("photos", &outcomes, &[]).await.unwrap();
+    let applied = store
+        .apply_batch(Batch::of_outcomes("photos", &outcomes))
+        .await
+        .unwrap();
     assert_eq!(applied.objectives, users);
     let row = sql
         .query_one(

@@ -1,0 +1,1026 @@
+//! The pure step of applying a batch: given what the batch's rows hold now
+//! (read in its transaction), decide what every outcome changes. No I/O;
+//! the rules of exactly-once application live here, with their unit tests.
+//!
+//! - A content item's events apply in `(occurred_at, id)` order: an event
+//!   at or before the last one applied to its item changes nothing, so a
+//!   redelivery never brings an older status back; of two events with the
+//!   same `occurred_at`, the one with the larger id (byte order) is the
+//!   later, whatever order they arrive in.
+//! - An additive (analytics) event adds once per id.
+//! - Counter arithmetic is checked: an event that would take a counter past
+//!   the range of a 64-bit integer changes nothing and is refused whole.
+//! - An objective that could not decide (`Effect::Held`) changes nothing;
+//!   the event is still processed (its item's order advances, its id is
+//!   recorded) and is kept for that objective, which later gets it only
+//!   through a replay of the hold.
+//! - A replay of a hold applies to its objective if the event is still the
+//!   latest for its item (or additive); the claimed hold is its token.
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+
+use super::{Counters, Effect, LogEntry, Outcome};
+use crate::store::json_text::{ObjectWriter, push_counters};
+
+pub(super) type ContentKey<'a> = (&'a str, &'a str, &'a str, &'a str); // user, award, objective, content
+pub(super) type GroupKey<'a> = (&'a str, &'a str, &'a str, &'a str); // user, award, objective, dedup key
+pub(super) type ObjectiveKey<'a> = (&'a str, &'a str, &'a str); // user, award, objective
+
+/// An item's place in its stream: events apply in this order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct Order<'a> {
+    pub occurred_at: DateTime<Utc>,
+    pub event_id: &'a str,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Stored<'a> {
+    pub counters: Counters,
+    pub dedup_key: Option<&'a str>,
+}
+
+/// A unit of an objective's total: an item on its own, or a group of items
+/// sharing a de-duplication key (the group counts each counter's maximum).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Unit<'a> {
+    Item(&'a str),
+    Group(&'a str),
+}
+
+fn unit_of<'a>(content: &'a str, dedup_key: Option<&'a str>) -> Unit<'a> {
+    match dedup_key {
+        Some(key) => Unit::Group(key),
+        None => Unit::Item(content),
+    }
+}
+
+/// `into += sign * from`, or the name of the counter that overflows.
+fn add_checked(into: &mut Counters, from: &Counters, sign: i64) -> Result<(), String> {
+    for (name, value) in from {
+        let term = value.checked_mul(sign).ok_or_else(|| name.clone())?;
+        match into.get_mut(name) {
+            Some(total) => *total = total.checked_add(term).ok_or_else(|| name.clone())?,
+            None => {
+                into.insert(name.clone(), term);
+            }
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn nonzero(counters: Counters) -> Counters {
+    counters.into_iter().filter(|(_, v)| *v != 0).collect()
+}
+
+pub(crate) fn counters_from(value: &Value) -> Counters {
+    value
+        .as_object()
+        .map(|map| {
+            map.iter()
+                .filter_map(|(k, v)| v.as_i64().map(|v| (k.clone(), v)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// What the content items a batch touches contribute, per objective.
+#[derive(Default)]
+pub(super) struct Contributions<'a> {
+    pub items: HashMap<ContentKey<'a>, Stored<'a>>,
+    /// Members of each group touched (content ids).
+    groups: HashMap<GroupKey<'a>, BTreeSet<&'a str>>,
+    /// De-duplication keys that changed: (item, old key, new key).
+    pub rekeyed: Vec<(ContentKey<'a>, Option<&'a str>, Option<&'a str>)>,
+}
+
+impl<'a> Contributions<'a> {
+    /// Loads one stored share of an item: `share` is `{"c": counters, "k": key}`.
+    /// Returns the item's group, if it has one.
+    pub fn load(&mut self, key: ContentKey<'a>, share: &'a Value) -> Option<GroupKey<'a>> {
+        let dedup_key = share.get("k").and_then(Value::as_str);
+        let group = dedup_key.map(|dedup| (key.0, key.1, key.2, dedup));
+        if let Some(group) = group {
+            self.groups.entry(group).or_default().insert(key.3);
+        }
+        let counters = share.get("c").map(counters_from).unwrap_or_default();
+        self.items.entry(key).or_insert(Stored {
+            counters,
+            dedup_key,
+        });
+        group
+    }
+
+    /// A unit's value, with `item`'s contribution taken as `next` (None:
+    /// as stored).
+    fn unit_value(
+        &self,
+        (user, award, objective): ObjectiveKey<'a>,
+        unit: Unit<'a>,
+        next: Option<(&'a str, &Stored<'a>)>,
+    ) -> Counters {
+        let stored = |content: &'a str| -> Option<&Stored<'a>> {
+            match next {
+                Some((item, next)) if item == content => Some(next),
+                _ => self.items.get(&(user, award, objective, content)),
+            }
+        };
+        match unit {
+            Unit::Item(content) => match stored(content) {
+                Some(s) if s.dedup_key.is_none() => s.counters.clone(),
+                _ => Counters::new(),
+            },
+            Unit::Group(dedup) => {
+                let mut members: BTreeSet<&'a str> = self
+                    .groups
+                    .get(&(user, award, objective, dedup))
+                    .cloned()
+                    .unwrap_or_default();
+                if let Some((item, next)) = next {
+                    if next.dedup_key == Some(dedup) {
+                        members.insert(item);
+                    } else {
+                        members.remove(item);
+                    }
+                }
+                let mut max = Counters::new();
+                for content in members {
+                    if let Some(s) = stored(content) {
+                        for (name, value) in &s.counters {
+                            let entry = max.entry(name.clone()).or_insert(*value);
+                            *entry = (*entry).max(*value);
+                        }
+                    }
+                }
+                max
+            }
+        }
+    }
+
+    /// The change of the objective's counters if `key`'s contribution
+    /// became `next`, without changing anything; `Err` names a counter that
+    /// would overflow.
+    fn preview(&self, key: ContentKey<'a>, next: &Stored<'a>) -> Result<Counters, String> {
+        let (user, award, objective, content) = key;
+        let objective_key = (user, award, objective);
+        let previous = self.items.get(&key).map(|s| unit_of(content, s.dedup_key));
+        let mut units: Vec<Unit<'a>> = previous
+            .into_iter()
+            .chain([unit_of(content, next.dedup_key)])
+            .collect();
+        units.sort();
+        units.dedup();
+        let mut delta = Counters::new();
+        for unit in units {
+            add_checked(&mut delta, &self.unit_value(objective_key, unit, None), -1)?;
+            add_checked(
+                &mut delta,
+                &self.unit_value(objective_key, unit, Some((content, next))),
+                1,
+            )?;
+        }
+        Ok(nonzero(delta))
+    }
+
+    /// Makes `next` the contribution of `key`.
+    fn replace(&mut self, key: ContentKey<'a>, next: Stored<'a>) {
+        let (user, award, objective, content) = key;
+        let old_key = self.items.get(&key).and_then(|s| s.dedup_key);
+        if let Some(old) = old_key
+            && let Some(members) = self.groups.get_mut(&(user, award, objective, old))
+        {
+            members.remove(content);
+        }
+        if let Some(new) = next.dedup_key {
+            self.groups
+                .entry((user, award, objective, new))
+                .or_default()
+                .insert(content);
+        }
+        if old_key != next.dedup_key {
+            self.rekeyed.push((key, old_key, next.dedup_key));
+        }
+        self.items.insert(key, next);
+    }
+}
+
+/// What the batch's rows hold now, read in its transaction.
+#[derive(Default)]
+pub(super) struct Snapshot<'a> {
+    /// The last event applied to each content item: (user, content).
+    pub items: HashMap<(&'a str, &'a str), Order<'a>>,
+    pub view: Contributions<'a>,
+    /// Additive events of the batch that were applied before.
+    pub seen_additive: HashSet<&'a str>,
+    /// Current counters of the objectives the batch touches.
+    pub totals: HashMap<ObjectiveKey<'a>, Counters>,
+    /// Events replayed from a hold (by batch index): the claimed hold's
+    /// objective. An event replayed whole is processed as from Kafka.
+    pub replaying_holds: HashMap<usize, (&'a str, &'a str)>,
+}
+
+/// An event kept for one objective, to be replayed after a fix.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Hold<'a> {
+    pub index: usize,
+    pub award_id: &'a str,
+    pub objective_id: &'a str,
+    pub reason: &'a str,
+}
+
+/// How a replayed hold ended.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum HoldReplay {
+    /// Applied, or nothing left to apply (a newer event decided the item).
+    Resolved,
+    /// Still not applicable: the new reason.
+    Held(String),
+}
+
+/// A processing-log row. An applied event has one row, its `deltas` and
+/// `functions` keyed by award, then objective.
+#[derive(Debug)]
+pub(super) struct LogRow<'a> {
+    pub event_id: Option<Cow<'a, str>>,
+    pub user_id: Option<Cow<'a, str>>,
+    pub award_id: Option<&'a str>,
+    pub objective_id: Option<&'a str>,
+    pub outcome: &'static str,
+    pub reason: Option<Cow<'a, str>>,
+    /// JSON text.
+    pub deltas: Option<String>,
+    /// JSON text.
+    pub functions: Option<Cow<'a, str>>,
+}
+
+/// Text from an event or a guest, safe to store: PostgreSQL refuses NUL.
+pub(super) fn storable(text: &str, max: usize) -> Cow<'_, str> {
+    if text.len() <= max && !text.chars().any(char::is_control) {
+        Cow::Borrowed(text)
+    } else {
+        Cow::Owned(crate::event::printable(text, max))
+    }
+}
+
+/// Longest reason stored, in bytes.
+pub(super) const MAX_REASON_BYTES: usize = 4096;
+/// Longest id stored from a message that could not be used.
+pub(super) const MAX_ID_BYTES: usize = crate::event::MAX_ID_BYTES;
+
+impl<'a> LogRow<'a> {
+    fn of(
+        o: &'a Outcome,
+        outcome: &'static str,
+        reason: Option<Cow<'a, str>>,
+        functions: &'a str,
+    ) -> LogRow<'a> {
+        LogRow {
+            event_id: Some(Cow::Borrowed(&o.event_id)),
+            user_id: Some(Cow::Borrowed(&o.user_id)),
+            award_id: Some(&o.award_id),
+            objective_id: Some(&o.objective_id),
+            outcome,
+            reason,
+            deltas: None,
+            functions: Some(Cow::Borrowed(functions)),
+        }
+    }
+
+    /// A row about a whole event (every objective it reached).
+    fn event(
+        o: &'a Outcome,
+        outcome: &'static str,
+        reason: Option<Cow<'a, str>>,
+        deltas: Option<String>,
+        functions: Option<String>,
+    ) -> LogRow<'a> {
+        LogRow {
+            event_id: Some(Cow::Borrowed(&o.event_id)),
+            user_id: Some(Cow::Borrowed(&o.user_id)),
+            award_id: None,
+            objective_id: None,
+            outcome,
+            reason,
+            deltas,
+            functions: functions.map(Cow::Owned),
+        }
+    }
+
+    /// A whole event dead-lettered before the database.
+    pub fn from_entry_parts(
+        event_id: Option<&'a str>,
+        user_id: Option<&'a str>,
+        reason: &'a str,
+    ) -> LogRow<'a> {
+        LogRow {
+            event_id: event_id.map(|t| storable(t, MAX_ID_BYTES)),
+            user_id: user_id.map(|t| storable(t, MAX_ID_BYTES)),
+            award_id: None,
+            objective_id: None,
+            outcome: "rejected",
+            reason: Some(storable(reason, MAX_REASON_BYTES)),
+            deltas: None,
+            functions: None,
+        }
+    }
+
+    pub fn from_entry(e: &'a LogEntry) -> LogRow<'a> {
+        LogRow {
+            event_id: e.event_id.as_deref().map(|t| storable(t, MAX_ID_BYTES)),
+            user_id: e.user_id.as_deref().map(|t| storable(t, MAX_ID_BYTES)),
+            award_id: e.award_id.as_deref(),
+            objective_id: e.objective_id.as_deref(),
+            outcome: e.outcome,
+            reason: Some(storable(&e.reason, MAX_REASON_BYTES)),
+            deltas: None,
+            functions: e.functions.as_deref().map(|f| Cow::Owned(f.to_string())),
+        }
+    }
+}
+
+/// What a batch changes.
+#[derive(Default)]
+pub(super) struct Decision<'a> {
+    /// Content items whose last applied event moved, with it.
+    pub items: BTreeMap<(&'a str, &'a str), Order<'a>>,
+    /// Objectives whose counters changed: their new counters.
+    pub totals: BTreeMap<ObjectiveKey<'a>, Counters>,
+    /// Additive events applied for the first time.
+    pub newly_applied: BTreeSet<&'a str>,
+    pub log: Vec<LogRow<'a>>,
+    pub holds: Vec<Hold<'a>>,
+    /// Events refused whole while deciding: (batch index, reason).
+    pub refused: Vec<(usize, String)>,
+    /// Replayed holds, by batch index.
+    pub replayed_holds: BTreeMap<usize, HoldReplay>,
+    /// Outcomes that changed counters.
+    pub changed: usize,
+}
+
+/// Decides a batch: `outcomes` in stream order, an event's outcomes
+/// together (the same batch index); `functions_text` gives each outcome's
+/// function versions as JSON text. Returns the decision and the
+/// contributions after it (what the write step stores for `items`).
+pub(super) fn decide<'a>(
+    snapshot: Snapshot<'a>,
+    outcomes: &'a [Outcome],
+    functions_text: &dyn Fn(&Outcome) -> &'a str,
+) -> (Decision<'a>, Contributions<'a>) {
+    let Snapshot {
+        mut items,
+        mut view,
+        seen_additive,
+        totals: current,
+        replaying_holds,
+    } = snapshot;
+    let mut decision = Decision::default();
+    // Running totals of the objectives changed so far, and what changed.
+    let mut totals: HashMap<ObjectiveKey<'a>, Counters> = HashMap::new();
+    let mut net: HashMap<ObjectiveKey<'a>, Counters> = HashMap::new();
+    let mut additive_here: HashSet<&'a str> = HashSet::new();
+
+    for event in outcomes.chunk_by(|a, b| a.index == b.index) {
+        let first = &event[0];
+        let replaying = replaying_holds.get(&first.index).copied();
+        let relevant: Vec<&'a Outcome> = match replaying {
+            // A replayed hold concerns its own objective only.
+            Some((award, objective)) => event
+                .iter()
+                .filter(|o| o.award_id == award && o.objective_id == objective)
+                .collect(),
+            None => event.iter().collect(),
+        };
+
+        // Is the event new to its item (or, additive, new at all)?
+        let order = first.content_id.as_deref().map(|content| {
+            (
+                (first.user_id.as_str(), content),
+                Order {
+                    occurred_at: first.occurred_at,
+                    event_id: &first.event_id,
+                },
+            )
+        });
+        let last = order.and_then(|(item, _)| items.get(&item).copied());
+        match (order, last) {
+            (Some((_, order)), Some(last)) if order < last => {
+                decision.log.push(LogRow::skip(
+                    first,
+                    "older than the last applied event for this content item",
+                    functions_text(first),
+                ));
+                if replaying.is_some() {
+                    decision
+                        .replayed_holds
+                        .insert(first.index, HoldReplay::Resolved);
+                }
+                continue;
+            }
+            // The same event again: a replayed hold is the exception (the
+            // event was processed; its objective did not get it).
+            (Some((_, order)), Some(last)) if order == last && replaying.is_none() => {
+                decision.log.push(LogRow::event(
+                    first,
+                    "skipped",
+                    Some("event already applied".into()),
+                    None,
+                    None,
+                ));
+                continue;
+            }
+            (None, _)
+                if replaying.is_none()
+                    && (seen_additive.contains(first.event_id.as_str())
+                        || additive_here.contains(first.event_id.as_str())) =>
+            {
+                decision.log.push(LogRow::event(
+                    first,
+                    "skipped",
+                    Some("event already applied".into()),
+                    None,
+                    None,
+                ));
+                continue;
+            }
+            _ => {}
+        }
+
+        // Every objective's change, checked before any is made: an event
+        // applies whole or not at all.
+        let mut planned: Vec<Planned<'a>> = Vec::new();
+        let mut held: Vec<(&'a Outcome, &'a str)> = Vec::new();
+        let mut overflow: Option<String> = None;
+        let mut event_totals: HashMap<ObjectiveKey<'a>, Counters> = HashMap::new();
+        for o in relevant {
+            let objective: ObjectiveKey<'a> = (&o.user_id, &o.award_id, &o.objective_id);
+            let (delta, replacement) = match (&o.effect, o.content_id.as_deref()) {
+                (Effect::Held { reason }, _) => {
+                    held.push((o, reason));
+                    continue;
+                }
+                (Effect::Additive { counters }, _) => (nonzero(counters.clone()), None),
+                (effect, Some(content)) => {
+                    let key: ContentKey<'a> = (&o.user_id, &o.award_id, &o.objective_id, content);
+                    let next = match effect {
+                        Effect::Contribution {
+                            counters,
+                            dedup_key,
+                        } => Stored {
+                            counters: nonzero(counters.clone()),
+                            dedup_key: dedup_key.as_deref(),
+                        },
+                        _ => Stored {
+                            counters: Counters::new(),
+                            dedup_key: None,
+                        },
+                    };
+                    // An item that never contributed and still doesn't
+                    // needs no row.
+                    if next.counters.is_empty()
+                        && next.dedup_key.is_none()
+                        && !view.items.contains_key(&key)
+                    {
+                        continue;
+                    }
+                    match view.preview(key, &next) {
+                        Ok(delta) => (delta, Some((key, next))),
+                        Err(counter) => {
+                            overflow = Some(overflow_reason(o, &counter));
+                            break;
+                        }
+                    }
+                }
+                (Effect::Contribution { .. } | Effect::Excluded { .. }, None) => {
+                    // Ingest never builds these: a contribution needs an item.
+                    decision.log.push(LogRow::of(
+                        o,
+                        "rejected",
+                        Some("a content contribution without a content_id".into()),
+                        functions_text(o),
+                    ));
+                    continue;
+                }
+            };
+            if !delta.is_empty() {
+                let total = event_totals.entry(objective).or_insert_with(|| {
+                    totals
+                        .get(&objective)
+                        .or_else(|| current.get(&objective))
+                        .cloned()
+                        .unwrap_or_default()
+                });
+                if let Err(counter) = add_checked(total, &delta, 1) {
+                    overflow = Some(overflow_reason(o, &counter));
+                    break;
+                }
+            }
+            planned.push((o, delta, replacement));
+        }
+        if let Some(reason) = overflow {
+            decision.log.push(LogRow::event(
+                first,
+                "rejected",
+                Some(Cow::Owned(reason.clone())),
+                None,
+                None,
+            ));
+            match replaying {
+                Some(_) => {
+                    decision
+                        .replayed_holds
+                        .insert(first.index, HoldReplay::Held(reason));
+                }
+                None => decision.refused.push((first.index, reason)),
+            }
+            continue;
+        }
+
+        // The event is processed: its item's order moves, its id is kept.
+        if let (Some((item, order)), None) = (order, replaying) {
+            items.insert(item, order);
+            decision.items.insert(item, order);
+        } else if let (Some((item, order)), Some(_)) = (order, replaying)
+            && last.is_none_or(|last| order > last)
+        {
+            items.insert(item, order);
+            decision.items.insert(item, order);
+        }
+        if first.content_id.is_none() && replaying.is_none() {
+            additive_here.insert(&first.event_id);
+            decision.newly_applied.insert(&first.event_id);
+        }
+        for (objective, total) in event_totals {
+            totals.insert(objective, total);
+        }
+
+        // One log row per event: what it changed, objective by objective.
+        let mut changes: Vec<(&str, &str, Counters, &str)> = Vec::new();
+        // Which objectives' filters now stop this item, where that moved
+        // counters.
+        let mut excluded: Vec<String> = Vec::new();
+        for (o, delta, replacement) in planned {
+            if let Some((key, next)) = replacement {
+                view.replace(key, next);
+            }
+            if delta.is_empty() {
+                continue;
+            }
+            if let Effect::Excluded { by } = &o.effect {
+                excluded.push(format!(
+                    "{}/{}: excluded by {by}",
+                    o.award_id, o.objective_id
+                ));
+            }
+            decision.changed += 1;
+            let objective: ObjectiveKey<'a> = (&o.user_id, &o.award_id, &o.objective_id);
+            // Cannot overflow: each running total was checked, and the net
+            // change is the difference of two of them.
+            let _ = add_checked(net.entry(objective).or_default(), &delta, 1);
+            changes.push((&o.award_id, &o.objective_id, delta, functions_text(o)));
+        }
+        if !changes.is_empty() {
+            let reason = (!excluded.is_empty()).then(|| Cow::Owned(excluded.join("; ")));
+            let (deltas, versions) = nested(&mut changes);
+            decision.log.push(LogRow::event(
+                first,
+                "applied",
+                reason,
+                Some(deltas),
+                Some(versions),
+            ));
+        }
+        for (o, reason) in held {
+            decision.log.push(LogRow::of(
+                o,
+                "rejected",
+                Some(storable(reason, MAX_REASON_BYTES)),
+                functions_text(o),
+            ));
+            match replaying {
+                Some(_) => {
+                    decision
+                        .replayed_holds
+                        .insert(first.index, HoldReplay::Held(reason.to_string()));
+                }
+                None => decision.holds.push(Hold {
+                    index: o.index,
+                    award_id: &o.award_id,
+                    objective_id: &o.objective_id,
+                    reason,
+                }),
+            }
+        }
+        if replaying.is_some() {
+            decision
+                .replayed_holds
+                .entry(first.index)
+                .or_insert(HoldReplay::Resolved);
+        }
+    }
+    // A replayed hold whose objective had nothing to say is resolved too.
+    for index in replaying_holds.keys() {
+        decision
+            .replayed_holds
+            .entry(*index)
+            .or_insert(HoldReplay::Resolved);
+    }
+    for (objective, delta) in net {
+        if nonzero(delta).is_empty() {
+            continue;
+        }
+        let total = totals.remove(&objective).unwrap_or_default();
+        decision.totals.insert(objective, total);
+    }
+    (decision, view)
+}
+
+/// One objective's change within an event, checked, not yet made: the
+/// outcome, the change of its counters, and the item's new contribution.
+type Planned<'a> = (&'a Outcome, Counters, Option<(ContentKey<'a>, Stored<'a>)>);
+
+fn overflow_reason(o: &Outcome, counter: &str) -> String {
+    format!(
+        "award {}, objective {}: counter `{}` would overflow (past a 64-bit integer); nothing of this event was applied",
+        o.award_id,
+        o.objective_id,
+        storable(counter, 128)
+    )
+}
+
+impl<'a> LogRow<'a> {
+    fn skip(o: &'a Outcome, reason: &'static str, functions: &'a str) -> LogRow<'a> {
+        LogRow::of(o, "skipped", Some(reason.into()), functions)
+    }
+}
+
+/// An event's changes as two JSON objects keyed by award, then objective:
+/// the deltas, and the function versions that decided them.
+fn nested(changes: &mut [(&str, &str, Counters, &str)]) -> (String, String) {
+    changes.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+    let (mut deltas, mut versions) = (ObjectWriter::new(), ObjectWriter::new());
+    for per_award in changes.chunk_by(|a, b| a.0 == b.0) {
+        let (mut award_deltas, mut award_versions) = (ObjectWriter::new(), ObjectWriter::new());
+        for (_, objective, delta, functions) in per_award {
+            push_counters(award_deltas.key(objective), delta);
+            award_versions.key(objective).push_str(functions);
+        }
+        deltas.key(per_award[0].0).push_str(&award_deltas.finish());
+        versions
+            .key(per_award[0].0)
+            .push_str(&award_versions.finish());
+    }
+    (deltas.finish(), versions.finish())
+}
+
+/// Each objective's function versions as JSON text, once per batch: the
+/// outcomes of one objective share them (keyed by the shared value's
+/// address).
+pub(super) fn function_texts(outcomes: &[Outcome]) -> HashMap<usize, String> {
+    let mut texts = HashMap::new();
+    for o in outcomes {
+        texts
+            .entry(Arc::as_ptr(&o.functions) as usize)
+            .or_insert_with(|| o.functions.to_string());
+    }
+    texts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn at(second: u32) -> DateTime<Utc> {
+        format!("2026-12-01T10:00:{second:02}Z").parse().unwrap()
+    }
+
+    fn counters(pairs: &[(&str, i64)]) -> Counters {
+        pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+    }
+
+    fn status(
+        index: usize,
+        event: &str,
+        second: u32,
+        objective: &str,
+        c: &[(&str, i64)],
+    ) -> Outcome {
+        Outcome {
+            index,
+            event_id: event.into(),
+            user_id: "u".into(),
+            award_id: "a".into(),
+            objective_id: objective.into(),
+            content_id: Some("photo-1".into()),
+            occurred_at: at(second),
+            effect: Effect::Contribution {
+                counters: counters(c),
+                dedup_key: None,
+            },
+            functions: Arc::new(json!({"Rule": 1})),
+        }
+    }
+
+    fn adding(index: usize, event: &str, objective: &str, n: i64) -> Outcome {
+        Outcome {
+            content_id: None,
+            effect: Effect::Additive {
+                counters: counters(&[("n", n)]),
+            },
+            ..status(index, event, 0, objective, &[])
+        }
+    }
+
+    fn held(mut o: Outcome, reason: &str) -> Outcome {
+        o.effect = Effect::Held {
+            reason: reason.into(),
+        };
+        o
+    }
+
+    fn run<'a>(snapshot: Snapshot<'a>, outcomes: &'a [Outcome]) -> Decision<'a> {
+        decide(snapshot, outcomes, &|_| "{\"Rule\":1}").0
+    }
+
+    fn totals(decision: &Decision<'_>) -> Vec<(String, Counters)> {
+        decision
+            .totals
+            .iter()
+            .map(|((_, _, o), c)| (o.to_string(), c.clone()))
+            .collect()
+    }
+
+    fn outcomes_of(decision: &Decision<'_>) -> Vec<(String, &'static str, String)> {
+        decision
+            .log
+            .iter()
+            .map(|r| {
+                (
+                    r.event_id.as_deref().unwrap_or("").to_string(),
+                    r.outcome,
+                    r.reason.as_deref().unwrap_or("").to_string(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn status_change_moves_counters_down_as_well_as_up() {
+        let batch = [
+            status(0, "e1", 1, "photo", &[("approved", 1)]),
+            status(1, "e2", 2, "photo", &[("blocked", 1)]),
+        ];
+        let decision = run(Snapshot::default(), &batch);
+        assert_eq!(
+            totals(&decision),
+            vec![("photo".into(), counters(&[("approved", 0), ("blocked", 1)]))]
+        );
+        assert_eq!(decision.items.values().next().unwrap().event_id, "e2");
+        assert_eq!(decision.changed, 2);
+    }
+
+    #[test]
+    fn equal_timestamps_are_ordered_by_id_in_either_arrival_order() {
+        let approved = status(0, "evt-1", 5, "photo", &[("approved", 1)]);
+        let blocked = status(1, "evt-2", 5, "photo", &[("blocked", 1)]);
+        for batch in [
+            vec![approved.clone(), blocked.clone()],
+            vec![
+                Outcome {
+                    index: 0,
+                    ..blocked.clone()
+                },
+                Outcome {
+                    index: 1,
+                    ..approved.clone()
+                },
+            ],
+        ] {
+            let decision = run(Snapshot::default(), &batch);
+            let photo = &decision.totals.values().next().unwrap();
+            assert_eq!(photo.get("blocked"), Some(&1), "{batch:?}");
+            assert_eq!(photo.get("approved").copied().unwrap_or(0), 0, "{batch:?}");
+        }
+    }
+
+    #[test]
+    fn redelivery_after_a_newer_event_with_the_same_time_changes_nothing() {
+        let mut snapshot = Snapshot::default();
+        snapshot.items.insert(
+            ("u", "photo-1"),
+            Order {
+                occurred_at: at(5),
+                event_id: "evt-2",
+            },
+        );
+        let batch = [status(0, "evt-1", 5, "photo", &[("approved", 1)])];
+        let decision = run(snapshot, &batch);
+        assert!(decision.totals.is_empty());
+        assert_eq!(
+            outcomes_of(&decision),
+            vec![(
+                "evt-1".into(),
+                "skipped",
+                "older than the last applied event for this content item".into()
+            )]
+        );
+    }
+
+    #[test]
+    fn additive_events_add_once_per_id() {
+        let mut snapshot = Snapshot::default();
+        snapshot.seen_additive.insert("old");
+        let batch = [
+            adding(0, "old", "navi", 5),
+            adding(1, "new", "navi", 7),
+            adding(2, "new", "navi", 7),
+        ];
+        let decision = run(snapshot, &batch);
+        assert_eq!(
+            totals(&decision),
+            vec![("navi".into(), counters(&[("n", 7)]))]
+        );
+        assert_eq!(
+            decision.newly_applied.iter().copied().collect::<Vec<_>>(),
+            vec!["new"]
+        );
+    }
+
+    #[test]
+    fn overflow_refuses_the_whole_event_and_the_next_applies() {
+        let mut snapshot = Snapshot::default();
+        snapshot
+            .totals
+            .insert(("u", "a", "navi"), counters(&[("n", i64::MAX - 10)]));
+        let batch = [
+            adding(0, "e1", "navi", 5),
+            // Two objectives: one would overflow, so neither applies.
+            adding(1, "e2", "navi", 6),
+            adding(1, "e2", "other", 6),
+            adding(2, "e3", "navi", 5),
+        ];
+        let decision = run(snapshot, &batch);
+        assert_eq!(
+            decision.refused,
+            vec![(
+                1,
+                "award a, objective navi: counter `n` would overflow (past a 64-bit integer); nothing of this event was applied"
+                    .to_string()
+            )]
+        );
+        assert_eq!(
+            totals(&decision),
+            vec![("navi".into(), counters(&[("n", i64::MAX)]))]
+        );
+        assert!(!decision.newly_applied.contains("e2"));
+    }
+
+    #[test]
+    fn contribution_arithmetic_is_checked_too() {
+        let batch = [
+            status(0, "e1", 1, "photo", &[("x", i64::MIN)]),
+            status(1, "e2", 2, "photo", &[("x", i64::MAX)]),
+        ];
+        let decision = run(Snapshot::default(), &batch);
+        // MIN applies; going from MIN to MAX is a change past 64 bits.
+        assert_eq!(decision.refused.len(), 1);
+        assert_eq!(decision.refused[0].0, 1);
+        assert_eq!(
+            totals(&decision),
+            vec![("photo".into(), counters(&[("x", i64::MIN)]))]
+        );
+    }
+
+    #[test]
+    fn a_held_objective_changes_nothing_and_the_others_apply() {
+        let batch = [
+            status(0, "e1", 1, "photo", &[("approved", 1)]),
+            held(
+                status(0, "e1", 1, "broken", &[]),
+                "award a, objective broken: quarantined",
+            ),
+        ];
+        let decision = run(Snapshot::default(), &batch);
+        assert_eq!(
+            totals(&decision),
+            vec![("photo".into(), counters(&[("approved", 1)]))]
+        );
+        assert_eq!(
+            decision.holds,
+            vec![Hold {
+                index: 0,
+                award_id: "a",
+                objective_id: "broken",
+                reason: "award a, objective broken: quarantined"
+            }]
+        );
+        // Processed: the item's order moved.
+        assert_eq!(decision.items.len(), 1);
+    }
+
+    #[test]
+    fn an_event_held_everywhere_is_still_processed() {
+        let batch = [held(adding(0, "e1", "navi", 5), "down")];
+        let decision = run(Snapshot::default(), &batch);
+        assert!(decision.totals.is_empty());
+        assert!(decision.newly_applied.contains("e1"));
+        assert_eq!(decision.holds.len(), 1);
+    }
+
+    #[test]
+    fn a_replayed_hold_applies_to_its_objective_only() {
+        let mut snapshot = Snapshot::default();
+        // The event was processed: another objective applied it.
+        snapshot.items.insert(
+            ("u", "photo-1"),
+            Order {
+                occurred_at: at(1),
+                event_id: "e1",
+            },
+        );
+        snapshot.seen_additive.insert("e2");
+        snapshot.replaying_holds.insert(0, ("a", "broken"));
+        snapshot.replaying_holds.insert(1, ("a", "navi"));
+        let batch = [
+            status(0, "e1", 1, "broken", &[("approved", 1)]),
+            status(0, "e1", 1, "photo", &[("approved", 1)]),
+            adding(1, "e2", "navi", 4),
+        ];
+        let decision = run(snapshot, &batch);
+        assert_eq!(
+            totals(&decision),
+            vec![
+                ("broken".into(), counters(&[("approved", 1)])),
+                ("navi".into(), counters(&[("n", 4)])),
+            ]
+        );
+        assert_eq!(
+            decision.replayed_holds,
+            BTreeMap::from([(0, HoldReplay::Resolved), (1, HoldReplay::Resolved)])
+        );
+        assert!(decision.items.is_empty());
+        assert!(decision.newly_applied.is_empty());
+    }
+
+    #[test]
+    fn a_replayed_hold_superseded_by_a_newer_event_is_resolved_without_change() {
+        let mut snapshot = Snapshot::default();
+        snapshot.items.insert(
+            ("u", "photo-1"),
+            Order {
+                occurred_at: at(9),
+                event_id: "e9",
+            },
+        );
+        snapshot.replaying_holds.insert(0, ("a", "broken"));
+        let batch = [status(0, "e1", 1, "broken", &[("approved", 1)])];
+        let decision = run(snapshot, &batch);
+        assert!(decision.totals.is_empty());
+        assert_eq!(
+            decision.replayed_holds,
+            BTreeMap::from([(0, HoldReplay::Resolved)])
+        );
+    }
+
+    #[test]
+    fn a_replayed_hold_that_fails_again_stays_held() {
+        let mut snapshot = Snapshot::default();
+        snapshot.replaying_holds.insert(0, ("a", "broken"));
+        let batch = [held(adding(0, "e1", "broken", 1), "still broken")];
+        let decision = run(snapshot, &batch);
+        assert_eq!(
+            decision.replayed_holds,
+            BTreeMap::from([(0, HoldReplay::Held("still broken".into()))])
+        );
+        assert!(decision.holds.is_empty());
+    }
+
+    #[test]
+    fn duplicates_in_a_group_count_once() {
+        let review = |index: usize, event: &str, content: &str, second: u32| Outcome {
+            content_id: Some(content.into()),
+            effect: Effect::Contribution {
+                counters: counters(&[("count", 1)]),
+                dedup_key: Some("firm-17".into()),
+            },
+            ..status(index, event, second, "reviews", &[])
+        };
+        let batch = [review(0, "e1", "r1", 1), review(1, "e2", "r2", 2)];
+        let (decision, view) = decide(Snapshot::default(), &batch, &|_| "{}");
+        assert_eq!(
+            decision.totals.values().next().unwrap(),
+            &counters(&[("count", 1)])
+        );
+        assert_eq!(view.rekeyed.len(), 2);
+    }
+
+    #[test]
+    fn storable_text_has_no_nul() {
+        assert_eq!(storable("ok", 10), Cow::Borrowed("ok"));
+        assert_eq!(storable("a\u{0}", 10).as_ref(), "a\\u{0}");
+    }
+}

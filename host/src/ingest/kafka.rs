@@ -6,33 +6,56 @@ use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Header, Message, OwnedHeaders};
-use rdkafka::mocking::MockCluster;
-use rdkafka::producer::{DefaultProducerContext, FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{BaseProducer, FutureProducer, FutureRecord, Producer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, warn};
 
-/// A Kafka-protocol broker in this process, for local use and tests.
+/// A Kafka-protocol broker in this process, for local use and tests:
+/// librdkafka's mock cluster, owned by a client made for it.
 pub struct LocalBroker {
-    cluster: MockCluster<'static, DefaultProducerContext>,
+    owner: BaseProducer,
     bootstrap: String,
 }
 
 impl LocalBroker {
     /// Starts a one-broker cluster on an ephemeral loopback port. With
-    /// `port`, also accepts bootstrap connections on 127.0.0.1:`port`.
+    /// `port`, the broker is reached and advertised at 127.0.0.1:`port`
+    /// instead (every connection forwarded to it), so a broker started
+    /// again on the same port is the same address to every client.
     pub async fn start(port: Option<u16>) -> anyhow::Result<LocalBroker> {
-        let cluster = MockCluster::new(1)
+        let owner: BaseProducer = ClientConfig::new()
+            .set("test.mock.num.brokers", "1")
+            .set("log_level", "4")
+            .create()
             .map_err(|e| anyhow::anyhow!("failed to start the local Kafka broker: {e}"))?;
-        let mut bootstrap = cluster.bootstrap_servers();
+        let internal = owner
+            .client()
+            .mock_cluster()
+            .ok_or_else(|| anyhow::anyhow!("the local Kafka broker did not start"))?
+            .bootstrap_servers();
+        let mut bootstrap = internal.clone();
         if let Some(port) = port {
             let listener = TcpListener::bind(("127.0.0.1", port))
                 .await
                 .map_err(|e| anyhow::anyhow!("failed to listen on 127.0.0.1:{port}: {e}"))?;
-            tokio::spawn(forward(listener, bootstrap.clone()));
+            tokio::spawn(forward(listener, internal));
+            // Safety: the mock cluster lives as long as `owner`, which is
+            // alive here; the host string is copied by librdkafka.
+            unsafe {
+                let cluster =
+                    rdkafka::bindings::rd_kafka_handle_mock_cluster(owner.client().native_ptr());
+                anyhow::ensure!(!cluster.is_null(), "the local Kafka broker did not start");
+                rdkafka::bindings::rd_kafka_mock_broker_set_host_port(
+                    cluster,
+                    1,
+                    c"127.0.0.1".as_ptr(),
+                    i32::from(port),
+                );
+            }
             bootstrap = format!("127.0.0.1:{port}");
         }
-        Ok(LocalBroker { cluster, bootstrap })
+        Ok(LocalBroker { owner, bootstrap })
     }
 
     pub fn bootstrap_servers(&self) -> &str {
@@ -43,7 +66,12 @@ impl LocalBroker {
     /// creates topics on first use, with 4).
     /// One that exists already is left as it is.
     pub fn create_topic(&self, topic: &str, partitions: i32) -> anyhow::Result<()> {
-        match self.cluster.create_topic(topic, partitions, 1) {
+        let cluster = self
+            .owner
+            .client()
+            .mock_cluster()
+            .ok_or_else(|| anyhow::anyhow!("the local Kafka broker is gone"))?;
+        match cluster.create_topic(topic, partitions, 1) {
             Ok(()) => Ok(()),
             Err(e)
                 if e.rdkafka_error_code()

@@ -764,7 +764,7 @@ impl<'a> Retry<'a> {
 /// stream order until the events it refuses are found. Those are kept as
 /// dead letters (returned, for the topic); the rest applies once.
 /// Environment faults are returned as they are.
-pub(crate) async fn apply_isolating(
+pub async fn apply_isolating(
     store: &mut Store,
     batch: &Batch<'_>,
 ) -> Result<(Applied, Vec<DeadEvent>), StoreError> {

@@ -568,6 +568,9 @@ impl Store {
             .filter(|(index, _)| !replay_of.contains_key(index))
             .cloned()
             .collect();
+        // In stream order, so ids follow the stream.
+        let mut letters = letters;
+        letters.sort_by_key(|l| l.index);
         write_letters(&tx, &batch, source, &letters).await?;
 
         let mut resolved: Vec<i64> = Vec::new();
@@ -811,7 +814,13 @@ async fn write_totals(
         a.push(*award);
         o.push(*objective);
     }
-    let totals: Vec<String> = decision.totals.values().map(counters_text).collect();
+    // A counter back at zero is left out: the same as absent, and the
+    // same whatever the batches were.
+    let totals: Vec<String> = decision
+        .totals
+        .values()
+        .map(|total| counters_text(&decide::nonzero(total.clone())))
+        .collect();
     let totals: Vec<JsonText<'_>> = totals.iter().map(|t| JsonText(t)).collect();
     tx.execute(
         "INSERT INTO user_objective (user_id, award_id, objective_id, counters, version)

@@ -198,15 +198,24 @@ pub fn workload(count: usize, seed: u64) -> (Vec<(String, String, String)>, Expe
     (events, expected)
 }
 
-struct Broker {
+pub struct Broker {
     child: Child,
     bootstrap: String,
 }
 
 impl Broker {
     fn start() -> Broker {
+        Broker::start_on(None)
+    }
+
+    /// `laurel dev kafka`, also on 127.0.0.1:`port` if given.
+    pub fn start_on(port: Option<u16>) -> Broker {
+        let mut args = vec!["dev".to_string(), "kafka".to_string()];
+        if let Some(port) = port {
+            args.extend(["--port".to_string(), port.to_string()]);
+        }
         let mut child = Command::new(env!("CARGO_BIN_EXE_laurel"))
-            .args(["dev", "kafka"])
+            .args(&args)
             .env("LAUREL_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::null())

@@ -1,0 +1,350 @@
+//! Faults of the environment while events stream: a PostgreSQL cluster the
+//! test owns (initdb + pg_ctl on a free port) restarted and its backends
+//! terminated at random moments; the Kafka broker in its own process
+//! (`laurel dev kafka`) killed and started again. Afterwards every counter
+//! equals what the events imply, computed here, independently of Laurel.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use laurel::catalog::Catalog;
+use laurel::ingest::{self, IngestSettings};
+use laurel::library;
+use laurel::registry::Registry;
+
+use crate::processes::{self, AWARDS};
+use crate::support::{self, TestDb};
+
+const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
+
+/// A PostgreSQL cluster of the test's own, on a free loopback port.
+pub struct OwnedPostgres {
+    dir: PathBuf,
+    port: u16,
+}
+
+/// initdb and the server refuse to run as root: run them as `postgres`.
+fn pg_command(program: &str) -> Command {
+    let path = format!("{PG_BIN}/{program}");
+    if running_as_root() {
+        let mut command = Command::new("runuser");
+        command.args(["-u", "postgres", "--", &path]);
+        command
+    } else {
+        Command::new(path)
+    }
+}
+
+fn running_as_root() -> bool {
+    std::env::var("USER").is_ok_and(|u| u == "root")
+        || std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .is_some_and(|l| l.split_whitespace().nth(1) == Some("0"))
+        })
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl OwnedPostgres {
+    pub fn start() -> OwnedPostgres {
+        let dir =
+            std::env::temp_dir().join(format!("laurel-pg-{}-{}", std::process::id(), free_port()));
+        std::fs::create_dir_all(&dir).unwrap();
+        if running_as_root() {
+            let status = Command::new("chown")
+                .args(["-R", "postgres:postgres"])
+                .arg(&dir)
+                .status()
+                .unwrap();
+            assert!(status.success());
+        }
+        let status = pg_command("initdb")
+            .args([
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--no-sync",
+                "-D",
+            ])
+            .arg(dir.join("data"))
+            .stdout(std::process::Stdio::null())
+            .status()
+            .expect("initdb runs");
+        assert!(status.success(), "initdb failed");
+        let cluster = OwnedPostgres {
+            dir,
+            port: free_port(),
+        };
+        cluster.pg_ctl(&["start", "-w"]);
+        cluster
+    }
+
+    fn pg_ctl(&self, args: &[&str]) {
+        let options = format!(
+            "-p {} -c listen_addresses=127.0.0.1 -c unix_socket_directories={} -c fsync=off",
+            self.port,
+            self.dir.display()
+        );
+        let status = pg_command("pg_ctl")
+            .args(args)
+            .arg("-D")
+            .arg(self.dir.join("data"))
+            .args(["-o", &options, "-l"])
+            .arg(self.dir.join("log"))
+            .stdout(std::process::Stdio::null())
+            .status()
+            .expect("pg_ctl runs");
+        assert!(status.success(), "pg_ctl {args:?} failed");
+    }
+
+    /// `postgres://postgres@127.0.0.1:PORT`, without a database.
+    pub fn server_url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}", self.port)
+    }
+
+    /// A crash-like stop (`immediate`: no checkpoint) or a clean one.
+    pub fn stop(&self, immediate: bool) {
+        self.pg_ctl(&[
+            "stop",
+            "-w",
+            "-m",
+            if immediate { "immediate" } else { "fast" },
+        ]);
+    }
+
+    pub fn start_again(&self) {
+        self.pg_ctl(&["start", "-w"]);
+    }
+}
+
+impl Drop for OwnedPostgres {
+    fn drop(&mut self) {
+        let _ = pg_command("pg_ctl")
+            .args(["stop", "-m", "immediate", "-D"])
+            .arg(self.dir.join("data"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Terminates every backend of `database` but the caller's.
+async fn terminate_backends(server_url: &str, database: &str) -> u64 {
+    let Ok((client, connection)) =
+        tokio_postgres::connect(&format!("{server_url}/postgres"), tokio_postgres::NoTls).await
+    else {
+        return 0;
+    };
+    tokio::spawn(connection);
+    client
+        .query(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+             WHERE datname = $1 AND pid <> pg_backend_pid()",
+            &[&database],
+        )
+        .await
+        .map(|rows| rows.len() as u64)
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_restarted_and_backends_terminated_while_streaming_lose_nothing() {
+    const EVENTS: usize = 50_000;
+    let postgres = OwnedPostgres::start();
+    let db = TestDb::on(&postgres.server_url()).await;
+    let mut store = db.store().await;
+    let runtime = support::runtime();
+    library::register(&mut store, &runtime).await.unwrap();
+    let registry = Registry::start(&db.url, runtime).await.unwrap();
+    laurel::definitions::apply(&mut store, &registry, AWARDS)
+        .await
+        .unwrap();
+    drop(store);
+    let broker = ingest::LocalBroker::start(None).await.unwrap();
+    for source in ["photos", "reviews", "bss"] {
+        broker.create_topic(&format!("events.{source}"), 4).unwrap();
+    }
+    let catalog = Catalog::start(&db.url).await.unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let settings = IngestSettings {
+        batch_size: 500,
+        batch_wait: Duration::from_millis(20),
+        session_timeout: Duration::from_secs(6),
+        ..IngestSettings::new(broker.bootstrap_servers())
+    };
+    let url = db.url.clone();
+    let ingest_registry = Registry::start(&db.url, support::runtime()).await.unwrap();
+    let task = tokio::spawn(async move {
+        ingest::run(settings, &url, ingest_registry, catalog, async {
+            let _ = stopped.await;
+        })
+        .await
+    });
+
+    let (events, expected) = processes::workload(EVENTS, 0x5eed_f00d);
+    let producer = ingest::producer(broker.bootstrap_servers()).unwrap();
+    let database = db.name().to_string();
+    let server = postgres.server_url();
+    let mut rng = processes::Rng(0xfa17);
+    let mut faults = Vec::new();
+    for (n, chunk) in events.chunks(1_000).enumerate() {
+        let sends = chunk.iter().map(|(topic, key, value)| {
+            ingest::publish(
+                &producer,
+                topic,
+                Some(key.as_bytes()),
+                value.as_bytes(),
+                &[],
+            )
+        });
+        for result in futures_util::future::join_all(sends).await {
+            result.unwrap();
+        }
+        // Let ingest work a while, then break something.
+        tokio::time::sleep(Duration::from_millis(100 + rng.below(300))).await;
+        if n % 5 == 4 {
+            let fault = match rng.below(3) {
+                0 => {
+                    postgres.stop(true);
+                    tokio::time::sleep(Duration::from_millis(rng.below(1_500))).await;
+                    postgres.start_again();
+                    "crash and restart"
+                }
+                1 => {
+                    postgres.stop(false);
+                    tokio::time::sleep(Duration::from_millis(rng.below(1_500))).await;
+                    postgres.start_again();
+                    "clean restart"
+                }
+                _ => {
+                    terminate_backends(&server, &database).await;
+                    "terminate backends"
+                }
+            };
+            faults.push(fault);
+        }
+    }
+    assert!(faults.len() >= 9, "{faults:?}");
+    let actual = processes::settle(&db, &expected).await;
+    assert!(
+        actual == expected,
+        "after {faults:?}: {}",
+        processes::diff(&expected, &actual)
+    );
+    // And ingest goes on after the last fault.
+    let _ = stop.send(());
+    task.await.unwrap().unwrap();
+    drop(registry);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broker_killed_and_started_again_ingest_carries_on() {
+    const EVENTS: usize = 20_000;
+    let port = free_port();
+    let broker = processes::Broker::start_on(Some(port));
+    let brokers = format!("127.0.0.1:{port}");
+    let db = TestDb::new().await;
+    let mut store = db.store().await;
+    let runtime = support::runtime();
+    library::register(&mut store, &runtime).await.unwrap();
+    let registry = Registry::start(&db.url, runtime).await.unwrap();
+    laurel::definitions::apply(&mut store, &registry, AWARDS)
+        .await
+        .unwrap();
+    let catalog = Catalog::start(&db.url).await.unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let settings = IngestSettings {
+        batch_wait: Duration::from_millis(20),
+        session_timeout: Duration::from_secs(6),
+        ..IngestSettings::new(&brokers)
+    };
+    let url = db.url.clone();
+    let ingest_registry = Registry::start(&db.url, support::runtime()).await.unwrap();
+    let task = tokio::spawn(async move {
+        ingest::run(settings, &url, ingest_registry, catalog, async {
+            let _ = stopped.await;
+        })
+        .await
+    });
+    let (events, expected) = processes::workload(EVENTS, 0xb20c);
+    let (_, expected_first) = processes::workload(EVENTS / 2, 0xb20c);
+    let publish = async |events: &[(String, String, String)]| {
+        let producer = ingest::producer(&brokers).unwrap();
+        for chunk in events.chunks(1_000) {
+            let sends = chunk.iter().map(|(topic, key, value)| {
+                ingest::publish(
+                    &producer,
+                    topic,
+                    Some(key.as_bytes()),
+                    value.as_bytes(),
+                    &[],
+                )
+            });
+            for result in futures_util::future::join_all(sends).await {
+                result.unwrap();
+            }
+        }
+    };
+    publish(&events[..EVENTS / 2]).await;
+    let actual = processes::settle(&db, &expected_first).await;
+    assert!(
+        actual == expected_first,
+        "{}",
+        processes::diff(&expected_first, &actual)
+    );
+
+    // The broker goes away (its log with it: the local broker keeps
+    // nothing on disk) and comes back on the same address.
+    drop(broker);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let broker = processes::Broker::start_on(Some(port));
+    // Malformed messages among the rest: dead letters after the restart.
+    let mut rest = events[EVENTS / 2..].to_vec();
+    for i in 0..5 {
+        rest.insert(
+            i * 1_000,
+            (
+                "events.photos".to_string(),
+                "mallory".to_string(),
+                format!("not json {i}"),
+            ),
+        );
+    }
+    publish(&rest).await;
+    let actual = processes::settle(&db, &expected).await;
+    assert!(
+        actual == expected,
+        "{}",
+        processes::diff(&expected, &actual)
+    );
+    let sql = db.sql().await;
+    let dead: i64 = sql
+        .query_one(
+            "SELECT count(*) FROM dead_letters WHERE reason LIKE 'malformed event:%'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(dead, 5);
+    let reasons = crate::pipeline_support::dead_letters(&brokers, "events.photos.dead", 5).await;
+    assert!(
+        reasons.iter().all(|r| r.starts_with("malformed event:")),
+        "{reasons:?}"
+    );
+    let _ = stop.send(());
+    task.await.unwrap().unwrap();
+    drop(broker);
+    db.drop_database().await;
+}

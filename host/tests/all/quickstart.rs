@@ -1,0 +1,159 @@
+//! The README's first command, as a new user runs it: the built `laurel up
+//! --demo` prints what the README shows, serves its API, takes events from
+//! the printed broker address, and keeps what it cannot use for replay
+//! (`laurel dead-letters list|replay`); SIGTERM stops it cleanly.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use crate::support::TestDb;
+
+fn laurel(db: &TestDb) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_laurel"));
+    command
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+        .env("LAUREL_DATABASE_URL", &db.url)
+        .env("LAUREL_HTTP_ADDR", "127.0.0.1:0")
+        .env("LAUREL_LOG", "warn")
+        .env_remove("LAUREL_KAFKA_BROKERS")
+        .env_remove("LAUREL_ADMIN_TOKEN")
+        .env_remove("LAUREL_JWT_SECRET");
+    command
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn laurel_up_demo_prints_what_the_readme_shows_and_keeps_running() {
+    let db = TestDb::new().await;
+    let mut child = laurel(&db)
+        .args(["up", "--demo"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("laurel up --demo starts");
+    let stdout = child.stdout.take().unwrap();
+    let (lines_tx, mut lines) = tokio::sync::mpsc::unbounded_channel::<String>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = lines_tx.send(line);
+        }
+    });
+    let mut printed = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(240);
+    while !printed
+        .last()
+        .is_some_and(|l: &String| l.starts_with("  three-of-either  progress"))
+    {
+        match tokio::time::timeout_at(deadline, lines.recv()).await {
+            Ok(Some(line)) => printed.push(line),
+            _ => panic!(
+                "laurel up --demo stopped printing; so far:\n{}",
+                printed.join("\n")
+            ),
+        }
+    }
+    let text = printed.join("\n");
+    // The README's quickstart block, line for line where it is exact.
+    for expected in [
+        "Laurel is up. Functions loaded:",
+        "Demo award content-maker v1 applied.",
+        "Demo: published 10 events for u-42 (photos, reviews, bss).",
+        "Demo: u-42's objective counters:\n  content-maker    navi     {\"metres\":5500}\n  content-maker    photo    {\"approved\":2,\"blocked\":1}\n  content-maker    reviews  {\"count\":1}\n  three-of-either  photos   {\"count\":2}\n  three-of-either  reviews  {\"count\":3}",
+        "Demo: u-42's awards:\n  content-maker    progress 8.5 of 15\n  three-of-either  progress 3 of 3 (completed)",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+    }
+    let broker = printed
+        .iter()
+        .find_map(|l| l.strip_prefix("Kafka broker (in process, librdkafka mock cluster): "))
+        .expect("the broker's address is printed")
+        .to_string();
+    let api = printed
+        .iter()
+        .find_map(|l| l.strip_prefix("HTTP API at "))
+        .and_then(|l| l.split_whitespace().next())
+        .expect("the API's address is printed")
+        .to_string();
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let health = reqwest::get(format!("{api}/healthz")).await.unwrap();
+    assert_eq!(health.status(), 200);
+
+    // A producer at the printed address: a malformed event, then a good one.
+    let producer = laurel::ingest::producer(&broker).unwrap();
+    laurel::ingest::publish(&producer, "events.photos", Some(b"u-42"), b"{not json", &[])
+        .await
+        .unwrap();
+    let good = serde_json::json!({"id": "qs-1", "source": "photos", "type": "photo.status_changed",
+        "user_id": "u-42", "authorized": true, "content_id": "photo-qs", "status": "active",
+        "occurred_at": "2026-12-02T10:00:00Z", "payload": {}});
+    laurel::ingest::publish(
+        &producer,
+        "events.photos",
+        Some(b"u-42"),
+        good.to_string().as_bytes(),
+        &[],
+    )
+    .await
+    .unwrap();
+    let sql = db.sql().await;
+    let wait = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let approved: Option<i64> = sql
+            .query_opt(
+                "SELECT (counters->>'approved')::bigint FROM user_objective
+                 WHERE user_id = 'u-42' AND award_id = 'content-maker' AND objective_id = 'photo'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .and_then(|r| r.get(0));
+        if approved == Some(3) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < wait,
+            "the good event was not applied"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let list = laurel(&db)
+        .args(["dead-letters", "list", "photos"])
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&list.stdout);
+    assert!(list.status.success(), "{listed}");
+    assert!(
+        listed.contains("malformed event: key must be a string at line 1 column 2"),
+        "{listed}"
+    );
+    let replay = laurel(&db)
+        .args(["dead-letters", "replay", "photos"])
+        .output()
+        .unwrap();
+    let replayed = String::from_utf8_lossy(&replay.stdout);
+    assert!(replay.status.success(), "{replayed}");
+    assert!(
+        replayed.starts_with("replayed 0 dead letters of photos; 1 still fail"),
+        "{replayed}"
+    );
+
+    // SIGTERM: a clean stop.
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let exit = loop {
+        if let Some(exit) = child.try_wait().unwrap() {
+            break exit;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "laurel up did not stop"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(exit.success(), "{exit:?}");
+    db.drop_database().await;
+}

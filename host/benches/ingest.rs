@@ -4,7 +4,14 @@
 //! measured in the same run: PostgreSQL's rate of batched UNNEST upserts
 //! (500 rows per transaction) of the same shape as the counters.
 //!
-//! cargo bench -p laurel --bench ingest            (LAUREL_BENCH_EVENTS=300000)
+//! cargo bench -p laurel --bench ingest            (LAUREL_BENCH_EVENTS=300000,
+//!                                                  LAUREL_BENCH_ROUNDS=2)
+//!
+//! Each round measures a clean stream and the same stream with 1% hostile
+//! messages (malformed JSON, a NUL in the user id, a content id over the
+//! limit, a number outside the safe range: each dead-lettered with its
+//! reason, kept in PostgreSQL and published to the dead-letter topic), and
+//! reports the hostile rate as a ratio of the clean one.
 //!
 //! 300,000 events make a window of about 10 s: with 100,000 (about 4 s) the
 //! start (the first batches, cold caches) and the end (sources finishing
@@ -50,22 +57,35 @@ fn awards() -> String {
     serde_json::Value::Array(awards).to_string()
 }
 
-fn events(count: usize) -> Vec<(String, String, String)> {
+/// The stream; with `hostile`, every 100th message is one that must be
+/// dead-lettered.
+fn events(count: usize, hostile: bool) -> Vec<(String, String, String)> {
     let statuses = ["moderation", "active", "blocked", "deleted"];
     (0..count)
         .map(|i| {
             let source = SOURCES[i % 5];
             let user = format!("user-{}", (i * 7919) % 10_000);
-            let value = if i % 10 < 7 {
+            let value = if hostile && i % 100 == 99 {
+                match (i / 100) % 4 {
+                    0 => format!("{{\"id\": \"e-{i}\", \"source\": "),
+                    1 => json!({"id": format!("e-{i}"), "source": source, "type": "app.used", "user_id": format!("{user}\u{0}"),
+                                "authorized": true, "occurred_at": "2026-12-01T10:00:00Z", "payload": {}}).to_string(),
+                    2 => json!({"id": format!("e-{i}"), "source": source, "type": "content.changed", "user_id": user,
+                                "authorized": true, "content_id": "c".repeat(3000), "status": "active",
+                                "occurred_at": "2026-12-01T10:00:00Z", "payload": {}}).to_string(),
+                    _ => json!({"id": format!("e-{i}"), "source": source, "type": "app.used", "user_id": user,
+                                "authorized": true, "occurred_at": "2026-12-01T10:00:00Z", "payload": {"n": 1e300}}).to_string(),
+                }
+            } else if i % 10 < 7 {
                 json!({"id": format!("e-{i}"), "source": source, "type": "content.changed", "user_id": user,
                        "authorized": true, "content_id": format!("c-{}", (i / 5) % 30_000), "status": statuses[(i / 3) % 4],
                        "occurred_at": chrono::DateTime::from_timestamp(1_796_000_000 + i as i64, 0).unwrap().to_rfc3339(),
-                       "payload": {"object_id": format!("o-{}", i % 500)}})
+                       "payload": {"object_id": format!("o-{}", i % 500)}}).to_string()
             } else {
                 json!({"id": format!("e-{i}"), "source": source, "type": "app.used", "user_id": user, "authorized": true,
-                       "occurred_at": "2026-12-01T10:00:00Z", "payload": {"screen": "map"}})
+                       "occurred_at": "2026-12-01T10:00:00Z", "payload": {"screen": "map"}}).to_string()
             };
-            (format!("events.{source}"), user, value.to_string())
+            (format!("events.{source}"), user, value)
         })
         .collect()
 }
@@ -149,10 +169,14 @@ fn main() {
             .with_writer(std::io::stderr)
             .init();
     }
-    let count: usize = std::env::var("LAUREL_BENCH_EVENTS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(300_000);
+    let env = |name: &str, default: usize| -> usize {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let count = env("LAUREL_BENCH_EVENTS", 300_000);
+    let rounds = env("LAUREL_BENCH_ROUNDS", 2).max(1);
     let server = std::env::var("LAUREL_BENCH_SERVER_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into());
     let url = format!("{server}/laurel_bench_ingest");
@@ -161,90 +185,166 @@ fn main() {
         .build()
         .unwrap();
     rt.block_on(async {
-        let admin = sql(&format!("{server}/postgres")).await;
-        admin.batch_execute("DROP DATABASE IF EXISTS laurel_bench_ingest WITH (FORCE)").await.unwrap();
-        let mut store = Store::connect(&url).await.unwrap();
-        store.migrate().await.unwrap();
-        // A/B knob: schema or settings changes to try, e.g.
-        // LAUREL_BENCH_SQL="ALTER TABLE user_objective SET (fillfactor = 80)".
-        if let Ok(extra) = std::env::var("LAUREL_BENCH_SQL") {
-            sql(&url).await.batch_execute(&extra).await.unwrap();
-            println!("(extra SQL: {extra})");
-        }
-        let runtime = Runtime::new(Limits::default(), None).unwrap();
-        laurel::library::register(&mut store, &runtime).await.unwrap();
-        let registry = Registry::start(&url, runtime).await.unwrap();
-        laurel::definitions::apply(&mut store, &registry, &awards()).await.unwrap();
-
-        let broker = LocalBroker::start(None).await.unwrap();
-        for source in SOURCES {
-            broker.create_topic(&format!("events.{source}"), 4).unwrap();
-        }
-        let producer = ingest::producer(broker.bootstrap_servers()).unwrap();
-        let rows_per_s = baseline(&url, count).await;
-        // A/B: what the awards worker's change markers cost ingest.
-        if std::env::var_os("LAUREL_BENCH_NO_MARKERS").is_some() {
-            sql(&url)
-                .await
-                .batch_execute(
-                    "ALTER TABLE user_objective DISABLE TRIGGER user_objective_inserted;
-                     ALTER TABLE user_objective DISABLE TRIGGER user_objective_updated",
-                )
-                .await
-                .unwrap();
-            println!("(change markers off: the awards worker would see nothing)");
-        }
-
-        let catalog = Catalog::start(&url).await.unwrap();
-        let batch_size = std::env::var("LAUREL_BATCH_SIZE").ok().and_then(|v| v.parse().ok()).unwrap_or(IngestSettings::new("").batch_size);
-        let settings = IngestSettings {
-            session_timeout: Duration::from_secs(6),
-            batch_size,
-            ..IngestSettings::new(broker.bootstrap_servers())
-        };
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let ingest_url = url.clone();
-        let task = tokio::spawn(async move {
-            ingest::run(settings, &ingest_url, registry, catalog, async {
-                let _ = stopped.await;
-            })
-            .await
-        });
-        // Steady state: every source's consumer has joined its group and
-        // applied an event (a join takes seconds on the mock broker, and is
-        // not throughput) before the measured events are produced.
-        for source in SOURCES {
-            let warm = json!({"id": format!("warm-{source}"), "source": source, "type": "app.used", "user_id": "warm-up",
-                              "authorized": true, "occurred_at": "2026-12-01T10:00:00Z", "payload": {}});
-            ingest::publish(&producer, &format!("events.{source}"), Some(b"warm-up"), warm.to_string().as_bytes(), &[])
-                .await
-                .unwrap();
-        }
-        assert!(wait_committed(broker.bootstrap_servers(), SOURCES.len()).await, "the consumers did not start");
-
-        // Measured: from the first produced event to the last committed
-        // offset (producing overlaps consuming).
-        let all = events(count);
-        let started = Instant::now();
-        for chunk in all.chunks(2000) {
-            let sends = chunk.iter().map(|(t, k, v)| ingest::publish(&producer, t, Some(k.as_bytes()), v.as_bytes(), &[]));
-            for result in futures_util::future::join_all(sends).await {
-                result.unwrap();
+        let mut rows_per_s = 0.0;
+        let mut ratios = Vec::new();
+        for round in 1..=rounds {
+            let mut rates = [0.0; 2];
+            for (k, hostile) in [false, true].into_iter().enumerate() {
+                let (rate, baseline) = measure(&server, &url, count, hostile, rows_per_s == 0.0).await;
+                if let Some(baseline) = baseline {
+                    rows_per_s = baseline;
+                    println!("Baseline: PostgreSQL UNNEST upserts, 500 rows per transaction: {rows_per_s:>8.0} rows/s");
+                }
+                rates[k] = rate;
             }
+            let ratio = rates[1] / rates[0];
+            ratios.push(ratio);
+            println!(
+                "Round {round}: clean {:.0} events/s (ratio to baseline {:.2}), 1% hostile {:.0} events/s: hostile/clean {ratio:.2}",
+                rates[0],
+                rates[0] / rows_per_s,
+                rates[1]
+            );
         }
-        let produced = started.elapsed().as_secs_f64();
-        let done = wait_committed(broker.bootstrap_servers(), count + SOURCES.len()).await;
-        let elapsed = started.elapsed().as_secs_f64();
-        let events_per_s = (count as f64) / elapsed;
-        println!("Baseline: PostgreSQL UNNEST upserts, 500 rows per transaction: {rows_per_s:>8.0} rows/s");
+        ratios.sort_by(f64::total_cmp);
         println!(
-            "Laurel:   Kafka -> Wasm filters and rules -> committed counters:  {events_per_s:>8.0} events/s ({count} events in {elapsed:.2} s, produced in the first {produced:.2} s{})",
-            if done { "" } else { ", NOT all committed" }
+            "Hostile/clean over {rounds} rounds: lowest {:.2}, median {:.2}, highest {:.2}",
+            ratios[0],
+            ratios[ratios.len() / 2],
+            ratios[ratios.len() - 1]
         );
-        println!("Ratio: {:.2} events per baseline row", events_per_s / rows_per_s);
-        let _ = stop.send(());
-        task.await.unwrap().unwrap();
     });
+}
+
+/// One measured stream on a fresh database and broker: events/s, and the
+/// baseline if asked for.
+async fn measure(
+    server: &str,
+    url: &str,
+    count: usize,
+    hostile: bool,
+    with_baseline: bool,
+) -> (f64, Option<f64>) {
+    let admin = sql(&format!("{server}/postgres")).await;
+    admin
+        .batch_execute("DROP DATABASE IF EXISTS laurel_bench_ingest WITH (FORCE)")
+        .await
+        .unwrap();
+    let mut store = Store::connect(url).await.unwrap();
+    store.migrate().await.unwrap();
+    // A/B knob: schema or settings changes to try, e.g.
+    // LAUREL_BENCH_SQL="ALTER TABLE user_objective SET (fillfactor = 80)".
+    if let Ok(extra) = std::env::var("LAUREL_BENCH_SQL") {
+        sql(url).await.batch_execute(&extra).await.unwrap();
+        println!("(extra SQL: {extra})");
+    }
+    let runtime = Runtime::new(Limits::default(), None).unwrap();
+    laurel::library::register(&mut store, &runtime)
+        .await
+        .unwrap();
+    let registry = Registry::start(url, runtime).await.unwrap();
+    laurel::definitions::apply(&mut store, &registry, &awards())
+        .await
+        .unwrap();
+
+    let broker = LocalBroker::start(None).await.unwrap();
+    for source in SOURCES {
+        broker.create_topic(&format!("events.{source}"), 4).unwrap();
+        broker
+            .create_topic(&format!("events.{source}.dead"), 1)
+            .unwrap();
+    }
+    let producer = ingest::producer(broker.bootstrap_servers()).unwrap();
+    let baseline = if with_baseline {
+        Some(baseline(url, count).await)
+    } else {
+        None
+    };
+    // A/B: what the awards worker's change markers cost ingest.
+    if std::env::var_os("LAUREL_BENCH_NO_MARKERS").is_some() {
+        sql(url)
+            .await
+            .batch_execute(
+                "ALTER TABLE user_objective DISABLE TRIGGER user_objective_inserted;
+                 ALTER TABLE user_objective DISABLE TRIGGER user_objective_updated",
+            )
+            .await
+            .unwrap();
+        println!("(change markers off: the awards worker would see nothing)");
+    }
+
+    let catalog = Catalog::start(url).await.unwrap();
+    let batch_size = std::env::var("LAUREL_BATCH_SIZE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(IngestSettings::new("").batch_size);
+    let settings = IngestSettings {
+        session_timeout: Duration::from_secs(6),
+        batch_size,
+        ..IngestSettings::new(broker.bootstrap_servers())
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let ingest_url = url.to_string();
+    let task = tokio::spawn(async move {
+        ingest::run(settings, &ingest_url, registry, catalog, async {
+            let _ = stopped.await;
+        })
+        .await
+    });
+    // Steady state: every source's consumer has joined its group and
+    // applied an event (a join takes seconds on the mock broker, and is
+    // not throughput) before the measured events are produced.
+    for source in SOURCES {
+        let warm = json!({"id": format!("warm-{source}"), "source": source, "type": "app.used", "user_id": "warm-up",
+                          "authorized": true, "occurred_at": "2026-12-01T10:00:00Z", "payload": {}});
+        ingest::publish(
+            &producer,
+            &format!("events.{source}"),
+            Some(b"warm-up"),
+            warm.to_string().as_bytes(),
+            &[],
+        )
+        .await
+        .unwrap();
+    }
+    assert!(
+        wait_committed(broker.bootstrap_servers(), SOURCES.len()).await,
+        "the consumers did not start"
+    );
+
+    // Measured: from the first produced event to the last committed
+    // offset (producing overlaps consuming).
+    let all = events(count, hostile);
+    let started = Instant::now();
+    for chunk in all.chunks(2000) {
+        let sends = chunk
+            .iter()
+            .map(|(t, k, v)| ingest::publish(&producer, t, Some(k.as_bytes()), v.as_bytes(), &[]));
+        for result in futures_util::future::join_all(sends).await {
+            result.unwrap();
+        }
+    }
+    let produced = started.elapsed().as_secs_f64();
+    let done = wait_committed(broker.bootstrap_servers(), count + SOURCES.len()).await;
+    let elapsed = started.elapsed().as_secs_f64();
+    let events_per_s = (count as f64) / elapsed;
+    println!(
+        "Laurel, {}: Kafka -> Wasm filters and rules -> committed counters: {events_per_s:>8.0} events/s ({count} events in {elapsed:.2} s, produced in the first {produced:.2} s{})",
+        if hostile { "1% hostile" } else { "clean" },
+        if done { "" } else { ", NOT all committed" }
+    );
+    if hostile {
+        let dead: i64 = sql(url)
+            .await
+            .query_one("SELECT count(*) FROM dead_letters", &[])
+            .await
+            .unwrap()
+            .get(0);
+        println!("  dead letters kept: {dead} (expected {})", count / 100);
+    }
+    let _ = stop.send(());
+    task.await.unwrap().unwrap();
+    (events_per_s, baseline)
 }
 
 /// Waits until the consumer groups' committed offsets cover every message.

@@ -533,8 +533,12 @@ impl SourceConsumer {
                 .map(|(index, reason)| (*index, reason.as_str())),
         );
         letters.sort_by_key(|(index, _)| *index);
-        for (index, reason) in &letters {
-            publish_dead_letter(&self.shared, &self.source, &batch[*index], reason, stop).await?;
+        // At once: each waits for its acknowledgement.
+        let publishing = letters.iter().map(|(index, reason)| {
+            publish_dead_letter(&self.shared, &self.source, &batch[*index], reason, stop)
+        });
+        for published in futures_util::future::join_all(publishing).await {
+            published?;
         }
 
         let source = [("source", self.source.name.as_str())];

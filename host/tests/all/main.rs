@@ -12,6 +12,7 @@ mod faults;
 mod hostile;
 mod http_functions;
 mod notify;
+mod owned_postgres;
 mod pipeline;
 mod pipeline_support;
 mod processes;

@@ -121,9 +121,7 @@ fn main() {
     let runtime = Runtime::new(Limits::default(), None).expect("runtime");
     let load = |name: &str| {
         let b = laurel::library::builtin(name).unwrap();
-        runtime
-            .load(name, 1, "bench", b.bytes, Some(b.kind))
-            .unwrap()
+        runtime.load(name, 1, b.bytes, Some(b.kind)).unwrap()
     };
     let native = Native {
         source: source_filter::SourceFilter::from_config(SOURCE).unwrap(),
@@ -197,7 +195,6 @@ fn main() {
         .load(
             "AcceptAll",
             1,
-            "bench",
             &std::fs::read(laurel::library::guest_dir().join("accept_all_filter.wasm")).unwrap(),
             None,
         )
@@ -229,7 +226,7 @@ fn main() {
         .unwrap()
         .bytes;
     compiled
-        .load("ReviewsLengthFilter", 1, "bench", bytes, None)
+        .load("ReviewsLengthFilter", 1, bytes, None)
         .unwrap();
     let compile = t.elapsed();
     println!(

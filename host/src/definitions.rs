@@ -275,6 +275,16 @@ pub async fn apply(
     text: &str,
 ) -> Result<Vec<(String, i32)>, ApplyError> {
     let definitions = parse(text)?;
+    // The versions in the database now, even those pushed by another
+    // process whose notification has not arrived: a push that answered is
+    // seen by the next check.
+    match registry.sync_now(store).await {
+        Ok(()) => {}
+        Err(crate::registry::RegistryError::Store(error)) => return Err(error.into()),
+        Err(error) => {
+            tracing::warn!(message = "Failed to read the registered functions before a check.", %error)
+        }
+    }
     let checked = {
         let registry = registry.clone();
         let definitions = definitions.clone();
@@ -352,8 +362,9 @@ pub async fn push_function(
         let (runtime, name_owned, bytes_owned) =
             (runtime.clone(), name.to_string(), bytes.to_vec());
         let problems = tokio::task::spawn_blocking(move || {
-            let sha256 = "unregistered";
-            let function = runtime.load(&name_owned, 0, sha256, &bytes_owned, expected)?;
+            // Loaded as itself (its compiled form is found by its own
+            // sha256), checked against every award that uses the name.
+            let function = runtime.load(&name_owned, 0, &bytes_owned, expected)?;
             Ok::<_, crate::runtime::LoadError>(uses_refused(&function, &awards))
         })
         .await

@@ -57,6 +57,8 @@ pub struct Registry {
     /// Bumped whenever a function changes; bindings compare it per call.
     generation: AtomicU64,
     changed: Notify,
+    /// One sync at a time, so an older read never replaces a newer one.
+    syncing: tokio::sync::Mutex<()>,
 }
 
 impl Registry {
@@ -74,6 +76,7 @@ impl Registry {
             unloadable: RwLock::new(HashMap::new()),
             generation: AtomicU64::new(0),
             changed: Notify::new(),
+            syncing: tokio::sync::Mutex::new(()),
         });
         registry.sync(&store).await?;
 
@@ -120,8 +123,17 @@ impl Registry {
         Ok(registry)
     }
 
+    /// Loads what changed in the database now, without waiting for its
+    /// notification: after a push in this process, or before checking
+    /// definitions that may name a version pushed by another process, so
+    /// what a push answered is what the next check sees (read your writes).
+    pub async fn sync_now(&self, store: &Store) -> Result<(), RegistryError> {
+        self.sync(store).await
+    }
+
     /// Loads what changed since the last sync.
     async fn sync(&self, store: &Store) -> Result<(), RegistryError> {
+        let _one_at_a_time = self.syncing.lock().await;
         let rows = store.current_functions().await?;
         let mut changed = false;
         for row in rows {
@@ -194,13 +206,7 @@ impl Registry {
         let runtime = self.runtime.clone();
         // Compiling is CPU work: keep it off the async workers.
         let function = tokio::task::spawn_blocking(move || {
-            runtime.load(
-                &version.name,
-                version.version,
-                &version.sha256,
-                &version.bytes,
-                expected,
-            )
+            runtime.load(&version.name, version.version, &version.bytes, expected)
         })
         .await
         .map_err(|e| RegistryError::Unloadable {

@@ -269,6 +269,15 @@ async fn put_function(
         definitions::push_function(&mut store, runtime, &name, &bytes, kind, force)
             .await
             .map_err(|error| push_error(&name, error))?;
+    // This process serves the version from now on: an award applied next
+    // (here, or through any process, which syncs before checking) sees it.
+    match state.registry.sync_now(&store).await {
+        Ok(()) => {}
+        Err(crate::registry::RegistryError::Store(error)) => return Err(error.into()),
+        Err(error) => {
+            tracing::warn!(message = "Failed to load a pushed function at once.", function = %name, %error)
+        }
+    }
     let (status, version, created) = match outcome {
         PushOutcome::Created { version } => (StatusCode::CREATED, version, true),
         PushOutcome::Unchanged { version } => (StatusCode::OK, version, false),

@@ -260,7 +260,7 @@ impl Runtime {
             .instance(bindings::TYPES_IMPORT)
             .map_err(|e| anyhow::anyhow!("failed to define {}: {e}", bindings::TYPES_IMPORT))?;
 
-        let cache = cache_dir.map(|dir| CompileCache::new(dir, &engine));
+        let cache = cache_dir.and_then(|dir| CompileCache::new(dir, &engine));
         let inner = Arc::new(Inner {
             engine,
             linker,
@@ -296,17 +296,17 @@ impl Runtime {
         bytes: &[u8],
         expected: Option<FunctionKind>,
     ) -> Result<FunctionKind, LoadError> {
-        let sha256 = hex::encode(Sha256::digest(bytes));
-        Ok(self.load(name, 0, &sha256, bytes, expected)?.kind)
+        Ok(self.load(name, 0, bytes, expected)?.kind)
     }
 
     /// Loads (compiles, or takes from the cache) a component version.
-    /// `expected`: the kind it is registered as, if known.
+    /// `expected`: the kind it is registered as, if known. The compiled
+    /// artifact is found by the sha256 of `bytes`, computed here: two
+    /// different components never share one.
     pub fn load(
         &self,
         name: &str,
         version: i32,
-        sha256: &str,
         bytes: &[u8],
         expected: Option<FunctionKind>,
     ) -> Result<Arc<Function>, LoadError> {
@@ -318,6 +318,8 @@ impl Runtime {
                 limit,
             });
         }
+        let sha256 = hex::encode(Sha256::digest(bytes));
+        let sha256 = sha256.as_str();
         let component = match &self.inner.cache {
             Some(cache) => cache.load_or_compile(sha256, bytes),
             None => Component::new(&self.inner.engine, bytes),

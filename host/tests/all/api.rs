@@ -862,6 +862,86 @@ async fn admin_api_uploads_and_lists_functions() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pushes_are_checked_as_themselves_and_awards_see_them_at_once() {
+    // A long-running server with a compile cache, as in production.
+    let db = TestDb::new().await;
+    let mut store = db.store().await;
+    let cache = std::env::temp_dir().join(format!("laurel-api-cache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&cache);
+    let runtime =
+        laurel::runtime::Runtime::new(laurel::runtime::Limits::default(), Some(cache.clone()))
+            .unwrap();
+    laurel::library::register(&mut store, &runtime)
+        .await
+        .unwrap();
+    let registry = Registry::start(&db.url, runtime).await.unwrap();
+    let server = Server::start(&db.url, registry, None).await;
+    let push = |name: String, bytes: &'static [u8]| {
+        let server = &server;
+        async move {
+            server
+                .call(
+                    "PUT",
+                    &format!("/admin/v1/functions/{name}"),
+                    Some(ADMIN),
+                    Some(("application/wasm", bytes.to_vec())),
+                )
+                .await
+        }
+    };
+    let builtin = |name: &str| laurel::library::builtin(name).unwrap().bytes;
+    // Two teams' components one after the other: each checked as itself.
+    let filter = push("TeamFilter".into(), builtin("EventTypeFilter")).await;
+    assert_eq!(
+        (filter.status, filter.body["kind"].clone()),
+        (201, json!("filter")),
+        "{}",
+        filter.body
+    );
+    let rule = push("TeamRule".into(), builtin("CountRule")).await;
+    assert_eq!(
+        (rule.status, rule.body["kind"].clone()),
+        (201, json!("rule")),
+        "{}",
+        rule.body
+    );
+    // Push, then at once an award naming it: 100 times, no sleep.
+    for i in 0..100 {
+        let pushed = push(format!("Counter{i}"), builtin("CountRule")).await;
+        assert_eq!(pushed.status, 201, "{}", pushed.body);
+        let award = json!({"id": format!("award-{i}"), "title": "Counted",
+            "objectives": [{"id": "o", "filters": [{"name": "SourceFilter", "config": {"sources": ["bss"]}}],
+                            "rule": {"name": format!("Counter{i}"), "config": {"counter": "n"}},
+                            "progress_counter": "n"}],
+            "strategy": {"goal": 1, "strategy": [{"objective_id": "o"}]}});
+        let applied = server
+            .admin("PUT", &format!("/awards/award-{i}"), Some(award))
+            .await;
+        assert!(
+            applied.status == 200 || applied.status == 201,
+            "round {i}: {} {}",
+            applied.status,
+            applied.body
+        );
+    }
+    // A new version that refuses an award's config is refused, naming it,
+    // though a filter (TeamFilter) was compiled last under no other name.
+    let breaking = push("Counter7".into(), builtin("SumFieldRule")).await;
+    assert_eq!(breaking.status, 422, "{}", breaking.body);
+    // Checked as SumFieldRule, which wants a `field` (not as whatever the
+    // cache held under a fixed name).
+    let reason = error_text(&breaking);
+    assert!(
+        reason.contains("award-7") && reason.contains("field") && !reason.contains("filter"),
+        "{}",
+        breaking.body
+    );
+    drop(server);
+    let _ = std::fs::remove_dir_all(&cache);
+    db.drop_database().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_api_manages_webhooks() {
     let (db, registry) = database_with("[]").await;
     let server = Server::start(&db.url, registry, None).await;

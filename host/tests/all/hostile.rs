@@ -15,7 +15,6 @@ fn hostile(limits: Limits) -> (laurel::runtime::Runtime, RuleInstance) {
         .load(
             "Hostile",
             1,
-            "test",
             &support::guest_bytes("hostile_function"),
             None,
         )
@@ -139,7 +138,6 @@ fn panic_while_creating_is_reported() {
         .load(
             "Hostile",
             3,
-            "test",
             &support::guest_bytes("hostile_function"),
             None,
         )

@@ -318,13 +318,17 @@ async fn quarantine_is_recorded_in_the_database() {
 }
 
 #[test]
-fn compiled_components_are_cached_and_a_corrupt_entry_is_recompiled() {
+fn compiled_components_are_cached_by_their_own_sha256_and_a_changed_entry_is_recompiled() {
+    use sha2::Digest;
+    use std::os::unix::fs::PermissionsExt;
     let dir = std::env::temp_dir().join(format!("laurel-cache-test-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let bytes = library::builtin("SourceFilter").unwrap().bytes;
-    let sha = "a".repeat(64);
+    let sha = hex::encode(sha2::Sha256::digest(bytes));
     let first = Runtime::new(Limits::default(), Some(dir.clone())).unwrap();
-    first.load("SourceFilter", 1, &sha, bytes, None).unwrap();
+    first.load("SourceFilter", 1, bytes, None).unwrap();
+    let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700, "the cache is Laurel's user's alone");
     let entries: Vec<_> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -340,7 +344,8 @@ fn compiled_components_are_cached_and_a_corrupt_entry_is_recompiled() {
 
     // Another process (a new runtime) loads the artifact.
     let second = Runtime::new(Limits::default(), Some(dir.clone())).unwrap();
-    let function = second.load("SourceFilter", 1, &sha, bytes, None).unwrap();
+    let function = second.load("SourceFilter", 1, bytes, None).unwrap();
+    assert_eq!(function.sha256, sha);
     let mut filter =
         laurel::runtime::FilterInstance::new(function, r#"{"sources": ["photos"]}"#).unwrap();
     assert_eq!(
@@ -348,14 +353,80 @@ fn compiled_components_are_cached_and_a_corrupt_entry_is_recompiled() {
         vec![true]
     );
 
-    std::fs::write(&entries[0], b"garbage").unwrap();
+    // Another component's valid artifact put in its place is not loaded as
+    // this one: it is recompiled from the real bytes.
+    let other = library::builtin("EventTypeFilter").unwrap().bytes;
+    second.load("EventTypeFilter", 1, other, None).unwrap();
+    let other_sha = hex::encode(sha2::Sha256::digest(other));
+    let other_path = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with(&other_sha)
+        })
+        .unwrap();
+    std::fs::copy(&other_path, &entries[0]).unwrap();
     let third = Runtime::new(Limits::default(), Some(dir.clone())).unwrap();
-    third
-        .load("SourceFilter", 1, &sha, bytes, None)
-        .expect("recompiled");
-    assert!(
-        std::fs::read(&entries[0]).unwrap().len() > 1000,
+    let function = third.load("SourceFilter", 1, bytes, None).unwrap();
+    laurel::runtime::FilterInstance::new(function, r#"{"sources": ["photos"]}"#)
+        .expect("the real SourceFilter, which takes this config");
+    assert_ne!(
+        std::fs::read(&entries[0]).unwrap(),
+        std::fs::read(&other_path).unwrap(),
         "the entry was rewritten"
+    );
+    // And garbage is recompiled too.
+    std::fs::write(&entries[0], b"garbage").unwrap();
+    let fourth = Runtime::new(Limits::default(), Some(dir.clone())).unwrap();
+    fourth
+        .load("SourceFilter", 1, bytes, None)
+        .expect("recompiled");
+    assert!(std::fs::read(&entries[0]).unwrap().len() > 1000);
+
+    // A directory others may write is tightened.
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    Runtime::new(Limits::default(), Some(dir.clone())).unwrap();
+    let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_cache_directory_of_another_user_is_not_used() {
+    let root = std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines()
+            .find(|l| l.starts_with("Uid:"))
+            .is_some_and(|l| l.split_whitespace().nth(1) == Some("0"))
+    });
+    if !root {
+        // Only root can give a directory to another user here.
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("laurel-cache-other-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let status = std::process::Command::new("chown")
+        .args(["65534:65534"])
+        .arg(&dir)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let runtime = Runtime::new(Limits::default(), Some(dir.clone())).unwrap();
+    runtime
+        .load(
+            "SourceFilter",
+            1,
+            library::builtin("SourceFilter").unwrap().bytes,
+            None,
+        )
+        .expect("compiled without the cache");
+    assert_eq!(
+        std::fs::read_dir(&dir).unwrap().count(),
+        0,
+        "nothing written there"
     );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -22,7 +22,7 @@ pub fn runtime_with(limits: Limits) -> Runtime {
 pub fn builtin(runtime: &Runtime, name: &str) -> Arc<Function> {
     let builtin = library::builtin(name).unwrap_or_else(|| panic!("no built-in named {name}"));
     runtime
-        .load(name, 1, "test", builtin.bytes, Some(builtin.kind))
+        .load(name, 1, builtin.bytes, Some(builtin.kind))
         .expect("built-in loads")
 }
 

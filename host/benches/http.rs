@@ -44,7 +44,10 @@ fn main() {
             .unwrap();
         let catalog = Catalog::start(&database).await.unwrap();
         let settings = ApiSettings {
-            jwt_secret: Some(Secret::new(SECRET)),
+            tokens: laurel::api::TokenSettings {
+                secret: Some(Secret::new(SECRET)),
+                ..Default::default()
+            },
             ..ApiSettings::new(&database)
         };
         let state = Arc::new(AppState::new(settings, registry, catalog));

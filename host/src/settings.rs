@@ -194,9 +194,42 @@ pub struct Settings {
     )]
     pub admin_token: Option<Secret>,
 
-    /// HS256 secret of user tokens; unset, the public API refuses everything.
+    /// HS256 secret of user tokens; unset (and no JWKS), the public API
+    /// refuses everything.
     #[arg(long, global = true, env = "LAUREL_JWT_SECRET", hide_env_values = true)]
     pub jwt_secret: Option<Secret>,
+
+    /// An identity provider's public keys for RS256/ES256 user tokens: a
+    /// JWKS file or an http(s) URL (refreshed every 10 minutes, and when a
+    /// token names an unknown key).
+    #[arg(long, global = true, env = "LAUREL_JWT_JWKS")]
+    pub jwt_jwks: Option<String>,
+
+    /// The `iss` every user token must carry.
+    #[arg(long, global = true, env = "LAUREL_JWT_ISSUER")]
+    pub jwt_issuer: Option<String>,
+
+    /// An `aud` every user token must carry.
+    #[arg(long, global = true, env = "LAUREL_JWT_AUDIENCE")]
+    pub jwt_audience: Option<String>,
+
+    /// Refuse user tokens without `exp`.
+    #[arg(
+        long,
+        global = true,
+        env = "LAUREL_JWT_REQUIRE_EXP",
+        default_value_t = false
+    )]
+    pub jwt_require_exp: bool,
+
+    /// Clock skew allowed on a token's `exp` and `nbf`, in seconds.
+    #[arg(
+        long,
+        global = true,
+        env = "LAUREL_JWT_LEEWAY_SECONDS",
+        default_value_t = 60
+    )]
+    pub jwt_leeway_seconds: u64,
 
     /// Largest JSON or text request body, in bytes.
     #[arg(
@@ -265,7 +298,15 @@ impl Settings {
         ApiSettings {
             addr: self.http_addr,
             admin_token: self.admin_token.clone(),
-            jwt_secret: self.jwt_secret.clone(),
+            tokens: crate::api::TokenSettings {
+                secret: self.jwt_secret.clone(),
+                jwks: self.jwt_jwks.clone(),
+                issuer: self.jwt_issuer.clone(),
+                audience: self.jwt_audience.clone(),
+                require_exp: self.jwt_require_exp,
+                leeway: Duration::from_secs(self.jwt_leeway_seconds),
+                ..crate::api::TokenSettings::default()
+            },
             max_body_bytes: self.http_max_body_bytes.max(1),
             max_function_bytes: self.function_max_mib << 20,
             redis_url: self.redis_url.clone(),

@@ -1,9 +1,9 @@
-//! Who may call what: the admin token for `/admin/*`, a user's HS256 JWT
-//! for the public API.
+//! Who may call what: the admin token for `/admin/*` (users' tokens for
+//! the public API are `tokens.rs`'s).
 
 use axum::http::HeaderMap;
 use axum::http::header::AUTHORIZATION;
-use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use jsonwebtoken::Algorithm;
 use sha2::{Digest, Sha256};
 
 use super::error::ApiError;
@@ -17,7 +17,7 @@ impl Secret {
         Secret(value.into())
     }
 
-    fn expose(&self) -> &str {
+    pub(super) fn expose(&self) -> &str {
         &self.0
     }
 }
@@ -39,7 +39,7 @@ impl std::fmt::Debug for Secret {
     }
 }
 
-fn bearer(headers: &HeaderMap) -> Result<&str, ApiError> {
+pub(super) fn bearer(headers: &HeaderMap) -> Result<&str, ApiError> {
     let value = headers
         .get(AUTHORIZATION)
         .ok_or_else(|| ApiError::Unauthorized("missing Authorization: Bearer <token>".into()))?;
@@ -75,41 +75,6 @@ pub fn admin(headers: &HeaderMap, token: Option<&Secret>) -> Result<(), ApiError
         Ok(())
     } else {
         Err(ApiError::Unauthorized("invalid admin token".into()))
-    }
-}
-
-#[derive(serde::Deserialize)]
-struct Claims {
-    sub: String,
-}
-
-/// Lets the request through if it carries a valid user token whose `sub`
-/// is `user_id`: 401 for no or an invalid token, 403 for another user's.
-pub fn user(headers: &HeaderMap, secret: Option<&Secret>, user_id: &str) -> Result<(), ApiError> {
-    let Some(secret) = secret else {
-        return Err(ApiError::Unauthorized(
-            "the public API is disabled: set LAUREL_JWT_SECRET to enable it".into(),
-        ));
-    };
-    let token = bearer(headers)?;
-    let mut validation = Validation::new(Algorithm::HS256);
-    // `exp` and `nbf` are checked when present; only `sub` is required.
-    validation.required_spec_claims = ["sub".to_string()].into();
-    validation.validate_nbf = true;
-    let claims = jsonwebtoken::decode::<Claims>(
-        token,
-        &DecodingKey::from_secret(secret.expose().as_bytes()),
-        &validation,
-    )
-    .map_err(|error| ApiError::Unauthorized(format!("invalid token: {error}")))?
-    .claims;
-    if claims.sub == user_id {
-        Ok(())
-    } else {
-        Err(ApiError::Forbidden(format!(
-            "this token is for another user; it may read only /v1/users/{}/awards",
-            claims.sub
-        )))
     }
 }
 

@@ -13,9 +13,11 @@ mod explain;
 mod progress;
 mod public;
 mod services;
+mod tokens;
 
 pub use auth::{Secret, mint_user_token, random_secret};
 pub use error::ApiError;
+pub use tokens::{TokenSettings, UserTokens};
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -44,7 +46,8 @@ use crate::store::{PooledStore, StorePool};
 pub struct ApiSettings {
     pub addr: SocketAddr,
     pub admin_token: Option<Secret>,
-    pub jwt_secret: Option<Secret>,
+    /// How users' tokens are checked (HS256 secret, JWKS, claims).
+    pub tokens: TokenSettings,
     /// Largest JSON or text request body.
     pub max_body_bytes: usize,
     /// Largest component upload.
@@ -70,7 +73,7 @@ impl ApiSettings {
         ApiSettings {
             addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
             admin_token: None,
-            jwt_secret: None,
+            tokens: TokenSettings::default(),
             max_body_bytes: 1 << 20,
             max_function_bytes: 16 << 20,
             database_url: database_url.to_string(),
@@ -97,11 +100,14 @@ pub struct AppState {
     /// The components `spin.toml` routes to, served for paths no Laurel
     /// route takes.
     functions: std::sync::OnceLock<Arc<HttpFunctions>>,
+    /// Users' tokens, with the identity provider's keys kept fresh.
+    tokens: Arc<UserTokens>,
 }
 
 impl AppState {
     pub fn new(settings: ApiSettings, registry: Arc<Registry>, catalog: Arc<Catalog>) -> AppState {
         AppState {
+            tokens: UserTokens::start(settings.tokens.clone()),
             pool: StorePool::new(&settings.database_url, settings.database_connections),
             settings,
             registry,

@@ -9,7 +9,7 @@ use axum::{Json, Router};
 use serde_json::Value;
 
 use super::progress::{Audience, user_awards};
-use super::{ApiError, AppState, auth};
+use super::{ApiError, AppState};
 
 pub fn routes() -> Router<Arc<AppState>> {
     Router::new().route("/v1/users/{user_id}/awards", get(awards))
@@ -20,6 +20,6 @@ async fn awards(
     Path(user_id): Path<String>,
     headers: HeaderMap,
 ) -> Result<Json<Value>, ApiError> {
-    auth::user(&headers, state.settings.jwt_secret.as_ref(), &user_id)?;
+    state.tokens.check(&headers, &user_id).await?;
     Ok(Json(user_awards(&state, &user_id, Audience::User).await?))
 }

@@ -21,4 +21,5 @@ mod quickstart;
 mod registry;
 mod stream_goes_on;
 mod support;
+mod tokens;
 mod user_locks;

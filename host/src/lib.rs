@@ -13,6 +13,7 @@ pub mod library;
 pub mod metrics;
 pub mod notify;
 pub mod proxy;
+pub mod redact;
 pub mod registry;
 pub mod runtime;
 pub mod settings;

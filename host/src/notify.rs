@@ -77,11 +77,17 @@ pub fn checked_webhook(
         Ok(parsed) if matches!(parsed.scheme(), "http" | "https") && parsed.host().is_some() => {}
         Ok(parsed) => {
             return Err(format!(
-                "invalid webhook URL {url:?}: expected http:// or https:// with a host, got scheme {:?}",
+                "invalid webhook URL {:?}: expected http:// or https:// with a host, got scheme {:?}",
+                crate::redact::url(url),
                 parsed.scheme()
             ));
         }
-        Err(error) => return Err(format!("invalid webhook URL {url:?}: {error}")),
+        Err(error) => {
+            return Err(format!(
+                "invalid webhook URL {:?}: {error}",
+                crate::redact::url(url)
+            ));
+        }
     }
     if events.is_empty() {
         return Err("a webhook needs at least one event type".into());
@@ -257,9 +263,11 @@ impl Sender {
             .send()
             .await
             .map_err(|error| DeliveryError::Request {
-                url: webhook.url.clone(),
+                url: crate::redact::url(&webhook.url),
                 via: via.to_string(),
-                error: error_chain(&error),
+                // reqwest quotes the URL (without its user info, with its
+                // query): the message names it redacted instead.
+                error: error_chain(&error.without_url()),
             })?;
         let status = response.status();
         if status.is_success() {
@@ -267,7 +275,7 @@ impl Sender {
         }
         let body = response.text().await.unwrap_or_default();
         Err(DeliveryError::Status {
-            url: webhook.url.clone(),
+            url: crate::redact::url(&webhook.url),
             status: status.as_u16(),
             body: body.chars().take(200).collect(),
         })

@@ -179,7 +179,7 @@ pub async fn check(candidate: &str, rules: &Eligibility) -> CheckOutcome {
     let response = client.get(&rules.check_url).send().await.map_err(|e| {
         format!(
             "the check request through it failed: {}",
-            crate::notify::error_chain(&e)
+            crate::notify::error_chain(&e.without_url())
         )
     })?;
     let latency = started.elapsed();
@@ -432,29 +432,43 @@ pub async fn fetch_list(url: &str) -> Result<String, String> {
         .timeout(Duration::from_secs(30))
         .build()
         .map_err(|e| e.to_string())?;
-    let mut response = client
-        .get(url)
-        .send()
-        .await
-        .map_err(|e| format!("GET {url} failed: {}", crate::notify::error_chain(&e)))?;
+    let mut response = client.get(url).send().await.map_err(|e| {
+        format!(
+            "GET {} failed: {}",
+            crate::redact::url(url),
+            crate::notify::error_chain(&e.without_url())
+        )
+    })?;
     if !response.status().is_success() {
-        return Err(format!("GET {url} answered {}", response.status()));
+        return Err(format!(
+            "GET {} answered {}",
+            crate::redact::url(url),
+            response.status()
+        ));
     }
     let mut body = Vec::new();
-    while let Some(chunk) = response
-        .chunk()
-        .await
-        .map_err(|e| format!("GET {url} failed: {}", crate::notify::error_chain(&e)))?
-    {
+    while let Some(chunk) = response.chunk().await.map_err(|e| {
+        format!(
+            "GET {} failed: {}",
+            crate::redact::url(url),
+            crate::notify::error_chain(&e.without_url())
+        )
+    })? {
         body.extend_from_slice(&chunk);
         if body.len() > MAX_LIST_BYTES {
             return Err(format!(
-                "GET {url}: the list is over {} MiB",
+                "GET {}: the list is over {} MiB",
+                crate::redact::url(url),
                 MAX_LIST_BYTES >> 20
             ));
         }
     }
-    String::from_utf8(body).map_err(|_| format!("GET {url}: the list is not UTF-8 text"))
+    String::from_utf8(body).map_err(|_| {
+        format!(
+            "GET {}: the list is not UTF-8 text",
+            crate::redact::url(url)
+        )
+    })
 }
 
 /// One proxy of a pool as an operator sees it.

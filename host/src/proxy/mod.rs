@@ -247,9 +247,11 @@ pub fn check_pool(pool: &str) -> Result<(), ProxyError> {
 impl ProxyPools {
     /// Connects to Redis at `url`; fails clearly if it is not there.
     pub async fn connect(url: &str) -> Result<ProxyPools, ProxyError> {
+        // Only the redacted form is ever shown (errors, logs, /healthz).
+        let shown = crate::redact::url(url);
         let client = redis::Client::open(url).map_err(|e| ProxyError::InvalidUrl {
-            url: url.to_string(),
-            reason: e.to_string(),
+            url: shown.clone(),
+            reason: crate::redact::url_in(&e.to_string(), url),
         })?;
         // Fail fast when Redis is away (the default retries for ~10 s);
         // the manager reconnects by itself at the next call.
@@ -263,12 +265,12 @@ impl ProxyPools {
             .await
             .map_err(|e| ProxyError::Redis {
                 pool: "*".into(),
-                url: url.to_string(),
-                reason: e.to_string(),
+                url: shown.clone(),
+                reason: crate::redact::url_in(&e.to_string(), url),
             })?;
         Ok(ProxyPools {
             connection,
-            url: url.to_string(),
+            url: shown,
             allocate: Script::new(ALLOCATE),
             admit: Script::new(ADMIT),
             remove: Script::new(REMOVE),

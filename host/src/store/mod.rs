@@ -155,7 +155,7 @@ fn describe(config: &Config) -> String {
 fn parse(url: &str) -> Result<Config, StoreError> {
     url.parse::<Config>()
         .map_err(|source| StoreError::InvalidUrl {
-            url: url.to_string(),
+            url: crate::redact::url(url),
             source,
         })
 }

@@ -19,6 +19,7 @@ mod processes;
 mod proxy;
 mod quickstart;
 mod registry;
+mod secrets;
 mod stream_goes_on;
 mod support;
 mod tokens;

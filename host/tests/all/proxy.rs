@@ -645,7 +645,16 @@ pub struct PrivateRedis {
 
 impl PrivateRedis {
     pub fn start_on(port: u16) -> PrivateRedis {
-        let child = std::process::Command::new("redis-server")
+        PrivateRedis::start_with(port, None)
+    }
+
+    /// A Redis that asks for `password` (`requirepass`), if given.
+    pub fn start_with(port: u16, password: Option<&str>) -> PrivateRedis {
+        let mut command = std::process::Command::new("redis-server");
+        if let Some(password) = password {
+            command.args(["--requirepass", password]);
+        }
+        let child = command
             .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .args(["--port", &port.to_string()])
             .stdout(std::process::Stdio::null())

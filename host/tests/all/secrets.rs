@@ -1,0 +1,193 @@
+//! Secrets never leave the process: the built `laurel` with a Redis that
+//! asks for a password, a database URL with a password and a webhook URL
+//! with credentials; Redis goes away and the webhook's host refuses. No
+//! response body and no log line carries any of the secrets.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::proxy::{PrivateRedis, free_port};
+use crate::support::TestDb;
+
+const REDIS_PASSWORD: &str = "redis-pw-0f8e7d6c";
+const DB_PASSWORD: &str = "db-pw-5a4b3c2d";
+const HOOK_PASSWORD: &str = "hook-pw-9e8d7c6b";
+const ADMIN: &str = "admin-token-secrets-test";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passwords_never_reach_a_response_or_a_log_line() {
+    let redis_port = free_port();
+    let redis = PrivateRedis::start_with(redis_port, Some(REDIS_PASSWORD));
+    let db = TestDb::new().await;
+    let db_url = db.url.replacen(
+        "postgres://postgres@",
+        &format!("postgres://postgres:{DB_PASSWORD}@"),
+        1,
+    );
+    assert_ne!(
+        db_url, db.url,
+        "the test database URL has no password to add"
+    );
+    let http_port = free_port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_laurel"))
+        .args(["serve", "--roles", "api,notify,proxies"])
+        .env("LAUREL_DATABASE_URL", &db_url)
+        .env(
+            "LAUREL_REDIS_URL",
+            format!("redis://:{REDIS_PASSWORD}@127.0.0.1:{redis_port}"),
+        )
+        .env("LAUREL_HTTP_ADDR", format!("127.0.0.1:{http_port}"))
+        .env("LAUREL_ADMIN_TOKEN", ADMIN)
+        .env("LAUREL_WEBHOOK_BACKOFF_MS", "100")
+        .env(
+            "LAUREL_LOG",
+            "debug,tokio_postgres=info,hyper=info,h2=info,rustls=info",
+        )
+        .env_remove("LAUREL_KAFKA_BROKERS")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("laurel serve starts");
+    let lines = Arc::new(Mutex::new(Vec::<String>::new()));
+    let readers: Vec<_> = [
+        Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
+        Box::new(child.stderr.take().unwrap()),
+    ]
+    .into_iter()
+    .map(|stream| {
+        let lines = lines.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                lines.lock().unwrap().push(line);
+            }
+        })
+    })
+    .collect();
+
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = reqwest::Client::new();
+    let base = format!("http://127.0.0.1:{http_port}");
+    let mut bodies: Vec<(String, u16, String)> = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while client
+        .get(format!("{base}/healthz"))
+        .send()
+        .await
+        .map(|r| r.status() != 200)
+        .unwrap_or(true)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "laurel serve did not come up"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let call = |method: &'static str, path: String, body: Option<serde_json::Value>| {
+        let client = client.clone();
+        let base = base.clone();
+        async move {
+            let mut request = client
+                .request(
+                    reqwest::Method::from_bytes(method.as_bytes()).unwrap(),
+                    format!("{base}{path}"),
+                )
+                .bearer_auth(ADMIN);
+            if let Some(body) = body {
+                request = request
+                    .header("content-type", "application/json")
+                    .body(body.to_string());
+            }
+            let response = request.send().await.unwrap();
+            let status = response.status().as_u16();
+            (
+                format!("{method} {path}"),
+                status,
+                response.text().await.unwrap(),
+            )
+        }
+    };
+    bodies.push(
+        call(
+            "PUT",
+            "/admin/v1/proxy-pools/p".into(),
+            Some(json!({"check_url": "http://127.0.0.1:1/check"})),
+        )
+        .await,
+    );
+    // A webhook whose URL carries credentials, to a port that refuses.
+    let hook = format!("http://alice:{HOOK_PASSWORD}@127.0.0.1:1/hook?token={HOOK_PASSWORD}");
+    let put = call(
+        "PUT",
+        "/admin/v1/webhooks/h".into(),
+        Some(json!({"url": hook, "events": ["award.completed"]})),
+    )
+    .await;
+    assert_eq!(put.1, 200, "{put:?}");
+    // (The PUT's own answer echoes the configured URL back to the admin who
+    // sent it; not counted as a leak.)
+    let sql = db.sql().await;
+    sql.batch_execute(
+        "INSERT INTO award_transitions (user_id, award_id, kind, progress, goal) VALUES ('u-1', 'a', 'completed', 1, 1);
+         INSERT INTO notifications (transition_id, webhook, payload)
+             SELECT id, 'h', '{\"type\": \"award.completed\"}' FROM award_transitions;
+         NOTIFY laurel_outbox;",
+    )
+    .await
+    .unwrap();
+    // Redis goes away.
+    drop(redis);
+    for (method, path) in [
+        ("GET", "/healthz"),
+        ("GET", "/metrics"),
+        ("GET", "/admin/v1/proxy-pools/p"),
+        ("POST", "/admin/v1/proxy-pools/p/allocate"),
+        ("GET", "/admin/v1/awards"),
+    ] {
+        bodies.push(call(method, path.to_string(), None).await);
+    }
+    let health = &bodies[1];
+    assert_eq!(health.1, 503, "{health:?}");
+    assert!(health.2.contains("redis://:***@127.0.0.1"), "{health:?}");
+    // The delivery fails at least twice (logged, recorded).
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let row = sql
+            .query_one("SELECT attempts, last_error FROM notifications", &[])
+            .await
+            .unwrap();
+        let (attempts, error): (i32, Option<String>) = (row.get(0), row.get(1));
+        if attempts >= 2 {
+            let error = error.unwrap();
+            assert!(!error.contains(HOOK_PASSWORD), "{error}");
+            assert!(error.contains("alice:***@127.0.0.1:1"), "{error}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no delivery attempts");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let _ = child.wait();
+    for reader in readers {
+        let _ = reader.join();
+    }
+    let lines = std::mem::take(&mut *lines.lock().unwrap());
+    assert!(lines.len() > 10, "the log says something: {lines:?}");
+    for secret in [REDIS_PASSWORD, DB_PASSWORD, HOOK_PASSWORD] {
+        for (what, status, body) in &bodies {
+            assert!(
+                !body.contains(secret),
+                "{what} ({status}) shows a secret: {body}"
+            );
+        }
+        for line in lines.iter() {
+            assert!(!line.contains(secret), "a log line shows a secret: {line}");
+        }
+    }
+    db.drop_database().await;
+}

@@ -1034,14 +1034,19 @@ async fn run_roles(
             })?;
         let addr = listener.local_addr()?;
         println!("HTTP API at http://{addr} (admin API under /admin/v1, OpenAPI at /openapi.json)");
-        if settings.admin_token.is_none() {
-            println!("  the admin API refuses every request: LAUREL_ADMIN_TOKEN is not set");
+        if settings.admin_token.is_none()
+            && settings.admin_tokens.is_none()
+            && settings.admin_tokens_file.is_none()
+        {
+            println!(
+                "  the admin API refuses every request: neither LAUREL_ADMIN_TOKEN nor LAUREL_ADMIN_TOKENS is set"
+            );
         }
         if settings.jwt_secret.is_none() {
             println!("  the public API refuses every request: LAUREL_JWT_SECRET is not set");
         }
         let state = Arc::new(crate::api::AppState::new(
-            settings.api(Some(brokers)),
+            settings.api(Some(brokers))?,
             registry.clone(),
             catalog.clone(),
         ));

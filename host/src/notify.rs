@@ -146,6 +146,14 @@ impl DeliveryError {
     fn is_final(&self) -> bool {
         matches!(self, DeliveryError::NoWebhook(_))
     }
+
+    /// Nothing went out (no proxy could be had): not an attempt.
+    fn not_sent(&self) -> bool {
+        matches!(
+            self,
+            DeliveryError::NoProxy { .. } | DeliveryError::ProxyUnavailable { .. }
+        )
+    }
 }
 
 /// The HTTP side of delivery.
@@ -363,6 +371,16 @@ pub async fn deliver_due(
                     &[("webhook", delivery.webhook.as_str())],
                     1,
                 );
+            }
+            Err(error) if error.not_sent() => {
+                // An empty pool or Redis away: try again soon, for as long
+                // as it lasts; the attempt budget is for real attempts.
+                let wait = settings
+                    .backoff
+                    .clamp(Duration::from_millis(100), Duration::from_secs(10));
+                let text = error.to_string();
+                info!(message = "Notification not sent (no proxy); will try again.", id = delivery.id, webhook = %delivery.webhook, retry_in_ms = wait.as_millis() as u64, error = %text);
+                store.delivery_postponed(delivery.id, &text, wait).await?;
             }
             Err(error) => {
                 let give_up = error.is_final() || delivery.attempts >= settings.max_attempts;

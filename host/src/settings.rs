@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use crate::api::{ApiSettings, Secret};
+use crate::api::{AdminToken, ApiSettings, Secret};
 use crate::awards::AwardsSettings;
 use crate::ingest::IngestSettings;
 use crate::notify::NotifySettings;
@@ -194,6 +194,23 @@ pub struct Settings {
     )]
     pub admin_token: Option<Secret>,
 
+    /// More admin tokens, each with a name (the audit log's "who") and a
+    /// role: comma-separated `name:role:token`, role `admin` or `read` (a
+    /// read token gets 403 on every write). LAUREL_ADMIN_TOKEN, if set too,
+    /// is one more, named `admin`, role admin.
+    #[arg(
+        long,
+        global = true,
+        env = "LAUREL_ADMIN_TOKENS",
+        hide_env_values = true,
+        value_parser = parse_admin_tokens
+    )]
+    pub admin_tokens: Option<AdminTokens>,
+
+    /// A file of admin tokens, one `name:role:token` a line (`#` comments).
+    #[arg(long, global = true, env = "LAUREL_ADMIN_TOKENS_FILE")]
+    pub admin_tokens_file: Option<std::path::PathBuf>,
+
     /// HS256 secret of user tokens; unset (and no JWKS), the public API
     /// refuses everything.
     #[arg(long, global = true, env = "LAUREL_JWT_SECRET", hide_env_values = true)]
@@ -270,6 +287,14 @@ pub struct Settings {
     pub webhook_timeout_ms: u64,
 }
 
+/// Admin tokens from the command line or the environment.
+#[derive(Debug, Clone)]
+pub struct AdminTokens(pub Vec<AdminToken>);
+
+fn parse_admin_tokens(text: &str) -> Result<AdminTokens, String> {
+    AdminToken::parse_list(text).map(AdminTokens)
+}
+
 impl Settings {
     pub fn limits(&self) -> Limits {
         Limits {
@@ -294,8 +319,25 @@ impl Settings {
     }
 
     /// API settings; `brokers` (if any) serve consumer lag and health.
-    pub fn api(&self, brokers: Option<&str>) -> ApiSettings {
-        ApiSettings {
+    pub fn api(&self, brokers: Option<&str>) -> anyhow::Result<ApiSettings> {
+        let mut admin_tokens: Vec<AdminToken> = self
+            .admin_tokens
+            .as_ref()
+            .map(|t| t.0.clone())
+            .unwrap_or_default();
+        if let Some(file) = &self.admin_tokens_file {
+            let text = std::fs::read_to_string(file).map_err(|e| {
+                anyhow::anyhow!(
+                    "failed to read LAUREL_ADMIN_TOKENS_FILE {}: {e}",
+                    file.display()
+                )
+            })?;
+            admin_tokens.extend(AdminToken::parse_list(&text).map_err(|e| {
+                anyhow::anyhow!("LAUREL_ADMIN_TOKENS_FILE {}: {e}", file.display())
+            })?);
+        }
+        Ok(ApiSettings {
+            admin_tokens,
             addr: self.http_addr,
             admin_token: self.admin_token.clone(),
             tokens: crate::api::TokenSettings {
@@ -314,7 +356,7 @@ impl Settings {
             http_function_proxy_pool: self.http_function_proxy_pool.clone(),
             max_event_bytes: self.max_event_bytes,
             ..ApiSettings::new(&self.database_url)
-        }
+        })
     }
 
     /// The Spin manifest to serve, if any: the one named, or `spin.toml`

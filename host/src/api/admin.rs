@@ -7,19 +7,20 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use chrono::SecondsFormat;
 use serde_json::{Value, json};
 
+use super::auth::{Caller, Role};
 use super::progress::{Audience, user_awards};
 use super::{ApiError, AppState, auth, body, json_body, number};
 use crate::definitions::{self, ApplyError, DefinitionError, PushError};
 use crate::runtime::FunctionKind;
-use crate::store::{LogRow, PushOutcome, Webhook};
+use crate::store::{AuditEntry, LogRow, PushOutcome, Webhook};
 
 pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
     let function_limit = state.settings.max_function_bytes;
@@ -52,6 +53,7 @@ pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
         .route("/proxy-pools/{pool}", get(get_pool))
         .route("/proxy-pools/{pool}/candidates", put(put_candidates))
         .route("/proxy-pools/{pool}/allocate", post(allocate))
+        .route("/audit", get(get_audit))
         .route("/webhooks", get(list_webhooks))
         .route(
             "/webhooks/{name}",
@@ -63,16 +65,93 @@ pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
         .layer(middleware::from_fn_with_state(state, admin_only))
 }
 
+/// What a write changed, for the audit log: set by the handler on its
+/// response.
+#[derive(Debug, Clone)]
+struct AuditTarget {
+    target: String,
+    before: Option<i32>,
+    after: Option<i32>,
+}
+
+/// The admin token for every path (401 without a valid one); a read
+/// token's write is refused (403); every write is recorded in the audit log
+/// with the token's name, whatever its outcome.
 async fn admin_only(
     State(state): State<Arc<AppState>>,
     headers: HeaderMap,
-    request: Request,
+    mut request: Request,
     next: Next,
 ) -> Response {
-    match auth::admin(&headers, state.settings.admin_token.as_ref()) {
-        Ok(()) => next.run(request).await,
-        Err(error) => error.into_response(),
+    let caller = match auth::admin(&headers, &state.admin_tokens) {
+        Ok(caller) => caller,
+        Err(error) => return error.into_response(),
+    };
+    let method = request.method().clone();
+    let write = !matches!(method, Method::GET | Method::HEAD | Method::OPTIONS);
+    if write && caller.role == Role::Read {
+        return ApiError::Forbidden(format!(
+            "token {} is read-only; {method} is a write",
+            caller.name
+        ))
+        .into_response();
     }
+    // The full path: this router is nested under /admin/v1.
+    let path = format!("/admin/v1{}", request.uri().path());
+    request.extensions_mut().insert(caller.clone());
+    let response = next.run(request).await;
+    if write {
+        let target = response.extensions().get::<AuditTarget>().cloned();
+        let entry = AuditEntry {
+            token_name: caller.name,
+            method: method.to_string(),
+            path,
+            status: i32::from(response.status().as_u16()),
+            target: target.as_ref().map(|t| t.target.clone()),
+            version_before: target.as_ref().and_then(|t| t.before),
+            version_after: target.as_ref().and_then(|t| t.after),
+            ..AuditEntry::default()
+        };
+        let recorded = match state.store().await {
+            Ok(store) => store.record_audit(&entry).await.map_err(|e| e.to_string()),
+            Err(error) => Err(error.to_string()),
+        };
+        if let Err(error) = recorded {
+            tracing::error!(message = "Failed to record an admin write in the audit log.", token = %entry.token_name, method = %entry.method, path = %entry.path, %error);
+        }
+    }
+    response
+}
+
+async fn get_audit(
+    State(state): State<Arc<AppState>>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Result<Json<Value>, ApiError> {
+    let limit = positive(&query, "limit")?
+        .unwrap_or(LOG_PAGE)
+        .min(LOG_PAGE_MAX);
+    let before = positive(&query, "before")?;
+    let rows = state.store().await?.audit(limit, before).await?;
+    let next = (rows.len() as i64 == limit)
+        .then(|| rows.last().map(|r| r.id))
+        .flatten();
+    let entries: Vec<Value> = rows
+        .iter()
+        .map(|r| {
+            json!({
+                "id": r.id,
+                "at": r.at.map(time),
+                "token": r.token_name,
+                "method": r.method,
+                "path": r.path,
+                "status": r.status,
+                "target": r.target,
+                "version_before": r.version_before,
+                "version_after": r.version_after,
+            })
+        })
+        .collect();
+    Ok(Json(json!({"entries": entries, "next_before": next})))
 }
 
 pub(super) fn time(t: chrono::DateTime<chrono::Utc>) -> String {
@@ -142,7 +221,7 @@ async fn put_award(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
     raw: Result<Bytes, BytesRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<(Extension<AuditTarget>, Json<Value>), ApiError> {
     let mut definition = json_body(raw, state.settings.max_body_bytes)?;
     let Some(object) = definition.as_object_mut() else {
         return Err(ApiError::unprocessable(format!(
@@ -160,6 +239,7 @@ async fn put_award(
             )));
         }
     }
+    let before = state.catalog.snapshot().versions.get(&id).copied();
     let mut store = state.store().await?;
     let applied = definitions::apply(&mut store, &state.registry, &definition.to_string())
         .await
@@ -177,19 +257,33 @@ async fn put_award(
         .iter()
         .find(|(applied_id, _)| *applied_id == id)
         .map(|(_, v)| *v);
-    Ok(Json(json!({"id": id, "version": version})))
+    let audit = AuditTarget {
+        target: format!("award {id}"),
+        before,
+        after: version,
+    };
+    Ok((
+        Extension(audit),
+        Json(json!({"id": id, "version": version})),
+    ))
 }
 
 async fn delete_award(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
-) -> Result<StatusCode, ApiError> {
+) -> Result<(StatusCode, Extension<AuditTarget>), ApiError> {
+    let before = state.catalog.snapshot().versions.get(&id).copied();
     let mut store = state.store().await?;
     if !store.delete_award(&id).await? {
         return Err(ApiError::NotFound(format!("no award named {id}")));
     }
     state.catalog.reload(&store).await?;
-    Ok(StatusCode::NO_CONTENT)
+    let audit = AuditTarget {
+        target: format!("award {id}"),
+        before,
+        after: None,
+    };
+    Ok((StatusCode::NO_CONTENT, Extension(audit)))
 }
 
 // --- functions ----------------------------------------------------------
@@ -282,8 +376,18 @@ async fn put_function(
         PushOutcome::Created { version } => (StatusCode::CREATED, version, true),
         PushOutcome::Unchanged { version } => (StatusCode::OK, version, false),
     };
+    let audit = AuditTarget {
+        target: format!("function {name}"),
+        before: if created {
+            Some(version - 1).filter(|v| *v > 0)
+        } else {
+            Some(version)
+        },
+        after: Some(version),
+    };
     Ok((
         status,
+        Extension(audit),
         Json(
             json!({"name": name, "kind": kind.to_string(), "version": version, "created": created}),
         ),
@@ -620,26 +724,35 @@ async fn allocate(
 
 // --- webhooks -----------------------------------------------------------
 
-fn webhook_json(w: &Webhook) -> Value {
-    json!({"name": w.name, "url": w.url, "events": w.events, "proxy_pool": w.proxy_pool})
+/// A webhook; a read token sees its URL without credentials.
+fn webhook_json(w: &Webhook, caller: &Caller) -> Value {
+    let url = match caller.role {
+        Role::Admin => w.url.clone(),
+        Role::Read => crate::redact::url(&w.url),
+    };
+    json!({"name": w.name, "url": url, "events": w.events, "proxy_pool": w.proxy_pool})
 }
 
-async fn list_webhooks(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
+async fn list_webhooks(
+    State(state): State<Arc<AppState>>,
+    Extension(caller): Extension<Caller>,
+) -> Result<Json<Value>, ApiError> {
     let hooks = state.store().await?.webhooks().await?;
     Ok(Json(
-        json!({"webhooks": hooks.iter().map(webhook_json).collect::<Vec<_>>()}),
+        json!({"webhooks": hooks.iter().map(|w| webhook_json(w, &caller)).collect::<Vec<_>>()}),
     ))
 }
 
 async fn get_webhook(
     State(state): State<Arc<AppState>>,
+    Extension(caller): Extension<Caller>,
     Path(name): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let hooks = state.store().await?.webhooks().await?;
     hooks
         .iter()
         .find(|w| w.name == name)
-        .map(|w| Json(webhook_json(w)))
+        .map(|w| Json(webhook_json(w, &caller)))
         .ok_or_else(|| ApiError::NotFound(format!("no webhook named {name}")))
 }
 
@@ -668,7 +781,13 @@ async fn put_webhook(
         crate::notify::checked_webhook(&name, &hook.url, &events, hook.proxy_pool.as_deref())
             .map_err(|reason| ApiError::unprocessable(format!("webhook {name}: {reason}")))?;
     state.store().await?.set_webhook(&webhook).await?;
-    Ok(Json(webhook_json(&webhook)))
+    Ok(Json(webhook_json(
+        &webhook,
+        &Caller {
+            name: String::new(),
+            role: Role::Admin,
+        },
+    )))
 }
 
 async fn delete_webhook(

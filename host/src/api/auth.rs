@@ -64,18 +64,109 @@ fn same_secret(a: &str, b: &str) -> bool {
         == 0
 }
 
-/// Lets the request through if it carries the admin token.
-pub fn admin(headers: &HeaderMap, token: Option<&Secret>) -> Result<(), ApiError> {
-    let Some(token) = token else {
-        return Err(ApiError::Unauthorized(
-            "the admin API is disabled: set LAUREL_ADMIN_TOKEN to enable it".into(),
-        ));
-    };
-    if same_secret(bearer(headers)?, token.expose()) {
-        Ok(())
-    } else {
-        Err(ApiError::Unauthorized("invalid admin token".into()))
+/// What an admin token may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Everything.
+    Admin,
+    /// Reads only: every write answers 403 (support staff, dashboards).
+    Read,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Admin => "admin",
+            Role::Read => "read",
+        }
     }
+}
+
+/// One admin token: its name (what the audit log records), its role.
+#[derive(Debug, Clone)]
+pub struct AdminToken {
+    pub name: String,
+    pub role: Role,
+    pub token: Secret,
+}
+
+impl AdminToken {
+    /// Parses `name:role:token` (role `admin` or `read`).
+    pub fn parse(entry: &str) -> Result<AdminToken, String> {
+        let mut parts = entry.trim().splitn(3, ':');
+        let (Some(name), Some(role), Some(token)) = (parts.next(), parts.next(), parts.next())
+        else {
+            return Err("an admin token is `name:role:token`".to_string());
+        };
+        let name_ok = !name.is_empty()
+            && name.len() <= 64
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '@'));
+        if !name_ok {
+            return Err(format!(
+                "admin token name {name:?}: 1 to 64 letters, digits, `_`, `-`, `.`, `@`"
+            ));
+        }
+        let role = match role {
+            "admin" => Role::Admin,
+            "read" => Role::Read,
+            other => {
+                return Err(format!(
+                    "admin token {name}: role {other:?} is neither admin nor read"
+                ));
+            }
+        };
+        if token.len() < 16 {
+            return Err(format!(
+                "admin token {name}: at least 16 characters (a secret, not a password)"
+            ));
+        }
+        Ok(AdminToken {
+            name: name.to_string(),
+            role,
+            token: Secret::new(token),
+        })
+    }
+
+    /// Comma- or newline-separated entries (blank lines and `#` comments
+    /// skipped).
+    pub fn parse_list(text: &str) -> Result<Vec<AdminToken>, String> {
+        text.split([',', '\n'])
+            .map(str::trim)
+            .filter(|e| !e.is_empty() && !e.starts_with('#'))
+            .map(AdminToken::parse)
+            .collect()
+    }
+}
+
+/// Who is calling the admin API.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    pub name: String,
+    pub role: Role,
+}
+
+/// The caller whose token the request carries: 401 without one.
+pub fn admin(headers: &HeaderMap, tokens: &[AdminToken]) -> Result<Caller, ApiError> {
+    if tokens.is_empty() {
+        return Err(ApiError::Unauthorized(
+            "the admin API is disabled: set LAUREL_ADMIN_TOKEN or LAUREL_ADMIN_TOKENS to enable it"
+                .into(),
+        ));
+    }
+    let given = bearer(headers)?;
+    // Every token is compared (by digest), so the time taken says nothing.
+    let mut found = None;
+    for token in tokens {
+        if same_secret(given, token.token.expose()) && found.is_none() {
+            found = Some(Caller {
+                name: token.name.clone(),
+                role: token.role,
+            });
+        }
+    }
+    found.ok_or_else(|| ApiError::Unauthorized("invalid admin token".into()))
 }
 
 /// A token for `user_id` signed with `secret`, valid for `ttl` (the demo

@@ -15,7 +15,7 @@ mod public;
 mod services;
 mod tokens;
 
-pub use auth::{Secret, mint_user_token, random_secret};
+pub use auth::{AdminToken, Caller, Role, Secret, mint_user_token, random_secret};
 pub use error::ApiError;
 pub use tokens::{TokenSettings, UserTokens};
 
@@ -46,6 +46,9 @@ use crate::store::{PooledStore, StorePool};
 pub struct ApiSettings {
     pub addr: SocketAddr,
     pub admin_token: Option<Secret>,
+    /// Named admin tokens with roles (LAUREL_ADMIN_TOKENS); `admin_token`
+    /// is one more, named `admin`.
+    pub admin_tokens: Vec<AdminToken>,
     /// How users' tokens are checked (HS256 secret, JWKS, claims).
     pub tokens: TokenSettings,
     /// Largest JSON or text request body.
@@ -73,6 +76,7 @@ impl ApiSettings {
         ApiSettings {
             addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
             admin_token: None,
+            admin_tokens: Vec::new(),
             tokens: TokenSettings::default(),
             max_body_bytes: 1 << 20,
             max_function_bytes: 16 << 20,
@@ -102,11 +106,22 @@ pub struct AppState {
     functions: std::sync::OnceLock<Arc<HttpFunctions>>,
     /// Users' tokens, with the identity provider's keys kept fresh.
     tokens: Arc<UserTokens>,
+    /// Every admin token: LAUREL_ADMIN_TOKENS and LAUREL_ADMIN_TOKEN.
+    admin_tokens: Vec<AdminToken>,
 }
 
 impl AppState {
     pub fn new(settings: ApiSettings, registry: Arc<Registry>, catalog: Arc<Catalog>) -> AppState {
+        let mut admin_tokens = settings.admin_tokens.clone();
+        if let Some(token) = &settings.admin_token {
+            admin_tokens.push(AdminToken {
+                name: "admin".into(),
+                role: Role::Admin,
+                token: token.clone(),
+            });
+        }
         AppState {
+            admin_tokens,
             tokens: UserTokens::start(settings.tokens.clone()),
             pool: StorePool::new(&settings.database_url, settings.database_connections),
             settings,

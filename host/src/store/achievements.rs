@@ -177,6 +177,23 @@ impl Store {
             )
             .await
             .context("reading the state of changed awards")?;
+        // Banned and deleted users get no awards from the worker either
+        // (backfills, changed definitions): their markers are consumed and
+        // nothing is computed; restoring a user marks their awards again.
+        let mut distinct: Vec<&str> = users.clone();
+        distinct.dedup();
+        let excluded: std::collections::HashSet<String> = tx
+            .query(
+                "SELECT u.user_id FROM unnest($1::text[]) AS k(u)
+                 CROSS JOIN LATERAL (SELECT user_id FROM users u
+                     WHERE u.user_id = k.u AND u.state <> 'active' OFFSET 0) u",
+                &[&distinct],
+            )
+            .await
+            .context("reading the states of changed awards' users")?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
         let mut objectives: HashMap<(&str, &str), Vec<ObjectiveCounters>> = HashMap::new();
         for row in &objective_rows {
             objectives
@@ -194,6 +211,7 @@ impl Store {
             .collect();
         let mut changes: Vec<ChangedAward> = claimed
             .iter()
+            .filter(|row| !excluded.contains(row.get::<_, &str>(0)))
             .map(|row| {
                 let key: (&str, &str) = (row.get(0), row.get(1));
                 ChangedAward {

@@ -189,16 +189,35 @@ impl Store {
         Ok(!rows.is_empty())
     }
 
-    /// Marks a user banned, deleted or active again.
-    pub async fn set_user_state(&self, user_id: &str, state: &str) -> Result<(), StoreError> {
-        self.client()
-            .execute(
-                "INSERT INTO users (user_id, state) VALUES ($1, $2)
-                 ON CONFLICT (user_id) DO UPDATE SET state = EXCLUDED.state, updated_at = now()",
-                &[&user_id, &state],
+    /// Marks a user banned, deleted or active again. A user made active
+    /// has every award with counters computed again (the awards worker
+    /// skipped them meanwhile).
+    pub async fn set_user_state(&mut self, user_id: &str, state: &str) -> Result<(), StoreError> {
+        let tx = self
+            .client_mut()
+            .transaction()
+            .await
+            .context("starting a user's state change")?;
+        tx.execute(
+            "INSERT INTO users (user_id, state) VALUES ($1, $2)
+             ON CONFLICT (user_id) DO UPDATE SET state = EXCLUDED.state, updated_at = now()",
+            &[&user_id, &state],
+        )
+        .await
+        .context("setting a user's state")?;
+        if state == "active" {
+            tx.execute(
+                "INSERT INTO award_changes (user_id, award_id)
+                 SELECT DISTINCT user_id, award_id FROM user_objective WHERE user_id = $1
+                 ON CONFLICT DO NOTHING",
+                &[&user_id],
             )
             .await
-            .context("setting a user's state")?;
+            .context("marking a restored user's awards")?;
+        }
+        tx.commit()
+            .await
+            .context("committing a user's state change")?;
         Ok(())
     }
 }

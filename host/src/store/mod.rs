@@ -4,6 +4,7 @@
 //! Other modules get typed rows and typed errors.
 
 mod achievements;
+mod audit;
 mod awards;
 mod counters;
 mod dead_letters;
@@ -19,6 +20,7 @@ pub use achievements::{
     AchieveState, AchieveUpdate, Backfill, ChangedAward, ClaimedChanges, CycleReport,
     OUTBOX_CHANNEL, ObjectiveCounters, Transition, TransitionKind, TransitionRow,
 };
+pub use audit::AuditEntry;
 pub use awards::{AWARDS_CHANNEL, AwardRow, SOURCES_CHANNEL, SourceRow};
 pub use counters::{
     Applied, Batch, BatchPart, Counters, DeadEvent, Effect, LogEntry, Message, Outcome, Replaying,

@@ -171,6 +171,29 @@ impl Store {
         Ok(())
     }
 
+    /// Records that nothing was sent (no proxy could be had): the claim's
+    /// attempt is given back, and the notification waits `delay`. An
+    /// outage of Redis or an empty pool delays a notification, never
+    /// spends its attempts.
+    pub async fn delivery_postponed(
+        &self,
+        id: i64,
+        reason: &str,
+        delay: Duration,
+    ) -> Result<(), StoreError> {
+        let delay_secs = delay.as_secs_f64();
+        self.client()
+            .execute(
+                "UPDATE notifications SET attempts = greatest(attempts - 1, 0), last_error = $2,
+                     next_attempt_at = now() + make_interval(secs => $3)
+                 WHERE id = $1 AND state = 'pending'",
+                &[&id, &reason, &delay_secs],
+            )
+            .await
+            .context("postponing a delivery")?;
+        Ok(())
+    }
+
     /// Every notification, oldest first (for operators and tests).
     pub async fn notifications(&self) -> Result<Vec<NotificationRow>, StoreError> {
         let rows = self

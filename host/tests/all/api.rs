@@ -592,7 +592,7 @@ async fn a_user_reads_only_their_own_awards_with_a_valid_token() {
     assert_eq!(own.body["awards"].as_array().unwrap().len(), 3);
 
     // Banned or deleted: 404.
-    let store = db.store().await;
+    let mut store = db.store().await;
     store.set_user_state("u-1", "banned").await.unwrap();
     let banned = server
         .get(path, Some(&user_token("u-1", JWT_SECRET, 600)))
@@ -941,6 +941,202 @@ async fn pushes_are_checked_as_themselves_and_awards_see_them_at_once() {
     );
     drop(server);
     let _ = std::fs::remove_dir_all(&cache);
+    db.drop_database().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_token_is_refused_every_write_and_every_write_is_audited() {
+    const DEPLOYER: &str = "deployer-token-0123456789";
+    const SUPPORT: &str = "support-token-0123456789";
+    let (db, registry) = database_with("[]").await;
+    let server = Server::start_custom(&db.url, registry, None, None, |settings| {
+        settings.admin_tokens = laurel::api::AdminToken::parse_list(&format!(
+            "deployer:admin:{DEPLOYER}, support:read:{SUPPORT}"
+        ))
+        .unwrap();
+    })
+    .await
+    .unwrap();
+    // Every documented write, walked from the OpenAPI document.
+    let document = server.get("/openapi.json", None).await.body;
+    let mut writes = 0;
+    for (path, item) in document["paths"].as_object().unwrap() {
+        if !path.starts_with("/admin/v1") {
+            continue;
+        }
+        for method in item.as_object().unwrap().keys() {
+            if method == "get" || method == "parameters" {
+                continue;
+            }
+            let concrete = path
+                .replace("{user_id}", "u-1")
+                .replace("{award_id}", "a-1")
+                .replace("{id}", "a-1")
+                .replace("{name}", "n-1")
+                .replace("{pool}", "p-1");
+            let answer = server
+                .call(
+                    &method.to_uppercase(),
+                    &concrete,
+                    Some(SUPPORT),
+                    Some(("application/json", b"{}".to_vec())),
+                )
+                .await;
+            assert_eq!(answer.status, 403, "{method} {path}: {}", answer.body);
+            assert_eq!(
+                error_text(&answer),
+                format!(
+                    "token support is read-only; {} is a write",
+                    method.to_uppercase()
+                )
+            );
+            writes += 1;
+        }
+    }
+    assert!(writes >= 10, "{writes} writes documented");
+    // It reads.
+    assert_eq!(
+        server
+            .call("GET", "/admin/v1/awards", Some(SUPPORT), None)
+            .await
+            .status,
+        200
+    );
+
+    // The deployer writes: each recorded with its name and versions.
+    let as_deployer = |method: &'static str, path: &'static str, body: Option<Value>| {
+        let server = &server;
+        async move {
+            server
+                .call(
+                    method,
+                    &format!("/admin/v1{path}"),
+                    Some(DEPLOYER),
+                    body.map(|b| ("application/json", b.to_string().into_bytes())),
+                )
+                .await
+        }
+    };
+    let award = json!({"id": "a", "title": "A",
+        "objectives": [{"id": "o", "filters": [{"name": "SourceFilter", "config": {"sources": ["bss"]}}],
+                        "rule": {"name": "CountRule", "config": {"counter": "n"}}, "progress_counter": "n"}],
+        "strategy": {"goal": 1, "strategy": [{"objective_id": "o"}]}});
+    assert_eq!(
+        as_deployer("PUT", "/awards/a", Some(award.clone()))
+            .await
+            .status,
+        200
+    );
+    let mut changed = award.clone();
+    changed["title"] = json!("A, again");
+    assert_eq!(
+        as_deployer("PUT", "/awards/a", Some(changed)).await.status,
+        200
+    );
+    assert_eq!(as_deployer("DELETE", "/awards/a", None).await.status, 204);
+    let refused = as_deployer("PUT", "/awards/b", Some(json!({"id": "b"}))).await;
+    assert_eq!(refused.status, 422);
+    let hook = as_deployer(
+        "PUT",
+        "/webhooks/h",
+        Some(json!({"url": "https://bot:s3cr3t-hook@hooks.example/in"})),
+    )
+    .await;
+    assert_eq!(hook.status, 200);
+    // A read token sees the webhook without its credentials.
+    let seen = server
+        .call("GET", "/admin/v1/webhooks/h", Some(SUPPORT), None)
+        .await;
+    assert_eq!(seen.body["url"], "https://bot:***@hooks.example/in");
+
+    let audit = server
+        .call("GET", "/admin/v1/audit", Some(SUPPORT), None)
+        .await;
+    assert_eq!(audit.status, 200, "{}", audit.body);
+    let entries: Vec<(String, String, String, i64, Value, Value, Value)> = audit.body["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["token"] == "deployer")
+        .map(|e| {
+            (
+                e["token"].as_str().unwrap().to_string(),
+                e["method"].as_str().unwrap().to_string(),
+                e["path"].as_str().unwrap().to_string(),
+                e["status"].as_i64().unwrap(),
+                e["target"].clone(),
+                e["version_before"].clone(),
+                e["version_after"].clone(),
+            )
+        })
+        .collect();
+    let d = |m: &str, p: &str, s: i64, t: Value, b: Value, a: Value| {
+        (
+            "deployer".to_string(),
+            m.to_string(),
+            p.to_string(),
+            s,
+            t,
+            b,
+            a,
+        )
+    };
+    assert_eq!(
+        entries,
+        vec![
+            d(
+                "PUT",
+                "/admin/v1/webhooks/h",
+                200,
+                Value::Null,
+                Value::Null,
+                Value::Null
+            ),
+            d(
+                "PUT",
+                "/admin/v1/awards/b",
+                422,
+                Value::Null,
+                Value::Null,
+                Value::Null
+            ),
+            d(
+                "DELETE",
+                "/admin/v1/awards/a",
+                204,
+                json!("award a"),
+                json!(2),
+                Value::Null
+            ),
+            d(
+                "PUT",
+                "/admin/v1/awards/a",
+                200,
+                json!("award a"),
+                json!(1),
+                json!(2)
+            ),
+            d(
+                "PUT",
+                "/admin/v1/awards/a",
+                200,
+                json!("award a"),
+                Value::Null,
+                json!(1)
+            ),
+        ]
+    );
+    // The read token's refused writes never ran: not in the log.
+    assert!(
+        audit.body["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|e| e["token"] == "deployer"),
+        "{}",
+        audit.body
+    );
+    drop(server);
     db.drop_database().await;
 }
 

@@ -605,3 +605,72 @@ async fn a_failing_strategy_is_recorded_per_award_and_the_worker_goes_on() {
     assert_eq!((per_award[0].0.as_str(), per_award[0].1), ("counter", 1));
     db.drop_database().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_banned_user_gets_no_award_from_a_backfill_and_a_restored_one_does() {
+    let db = db_with_counter_award().await;
+    let sql = db.sql().await;
+    sql.execute(
+        "INSERT INTO user_objective (user_id, award_id, objective_id, counters, version)
+         SELECT u, 'counter', 'photo', jsonb_build_object('approved', 30), nextval('laurel_version')
+         FROM unnest(ARRAY['u-ok', 'u-banned', 'u-deleted']) u",
+        &[],
+    )
+    .await
+    .unwrap();
+    let mut store = db.store().await;
+    store.set_user_state("u-banned", "banned").await.unwrap();
+    store.set_user_state("u-deleted", "deleted").await.unwrap();
+    let mut worker = awards_worker(&db.url, AwardsSettings::default()).await;
+    worker.drain().await.unwrap();
+    // The goal drops below their counters: a backfill would complete all.
+    let registry = laurel::registry::Registry::start(&db.url, support::runtime())
+        .await
+        .unwrap();
+    laurel::definitions::apply(
+        &mut store,
+        &registry,
+        &COUNTER_AWARD.replace("\"goal\": 50", "\"goal\": 25"),
+    )
+    .await
+    .unwrap();
+    while worker.backfill_step().await.unwrap() {
+        worker.drain().await.unwrap();
+    }
+    worker.drain().await.unwrap();
+    let completed = |user: &'static str| {
+        let db = &db;
+        async move {
+            state(db, user, "counter")
+                .await
+                .is_some_and(|s| s.completed)
+        }
+    };
+    assert!(completed("u-ok").await);
+    assert!(
+        !completed("u-banned").await,
+        "a banned user completes nothing"
+    );
+    assert!(
+        !completed("u-deleted").await,
+        "a deleted user completes nothing"
+    );
+    let transitions: i64 = sql
+        .query_one(
+            "SELECT count(*) FROM award_transitions WHERE user_id IN ('u-banned', 'u-deleted')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(transitions, 0, "and nothing is notified for them");
+    // Restored: computed again at once, with what they had.
+    store.set_user_state("u-banned", "active").await.unwrap();
+    worker.drain().await.unwrap();
+    assert!(
+        completed("u-banned").await,
+        "a restored user's awards are recomputed"
+    );
+    assert!(!completed("u-deleted").await);
+    db.drop_database().await;
+}

@@ -283,8 +283,8 @@ async fn a_webhook_with_a_proxy_pool_is_delivered_through_the_allocated_proxy() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_empty_proxy_pool_sends_nothing_and_the_outbox_says_why() {
-    use crate::proxy::{pool_name, redis_url};
+async fn an_empty_proxy_pool_delays_a_notification_and_never_spends_its_attempts() {
+    use crate::proxy::{Tinyproxy, check_server, pool_config, pool_name, redis_url};
     let pool = pool_name("empty-webhook");
     let (url, seen) = via_receiver().await;
     let db = completion_with_webhook_via(&url, Some(&pool)).await;
@@ -293,17 +293,41 @@ async fn an_empty_proxy_pool_sends_nothing_and_the_outbox_says_why() {
         ..fast_retries(2)
     };
     let store = db.store().await;
+    // Empty for many times the attempt budget (2 attempts, 50 ms apart).
     let started = std::time::Instant::now();
-    notify_until(&db, settings, move || {
+    notify_until(&db, settings.clone(), move || {
         started.elapsed() > Duration::from_millis(1500)
     })
     .await;
     assert!(seen.lock().unwrap().is_empty(), "no request sent");
     let rows = store.notifications().await.unwrap();
     assert_eq!(
+        (rows[0].state.as_str(), rows[0].attempts),
+        ("pending", 0),
+        "delayed, not given up"
+    );
+    assert_eq!(
         rows[0].last_error.as_deref(),
         Some(format!("proxy pool {pool} has no eligible proxy: not sent").as_str())
     );
+    // A proxy joins the pool: the notification goes out.
+    let proxy = Tinyproxy::start("tp-late");
+    store
+        .set_proxy_pool(&pool_config(&pool, &check_server().await))
+        .await
+        .unwrap();
+    let pools = laurel::proxy::ProxyPools::connect(&redis_url())
+        .await
+        .unwrap();
+    laurel::proxy::candidates::import(&store, &pools, &pool, &proxy.url, false)
+        .await
+        .unwrap();
+    let watched = seen.clone();
+    notify_until(&db, settings, move || !watched.lock().unwrap().is_empty()).await;
+    assert_eq!(seen.lock().unwrap().len(), 1);
+    let rows = store.notifications().await.unwrap();
+    assert_eq!((rows[0].state.as_str(), rows[0].attempts), ("delivered", 1));
+    pools.delete_pool(&pool).await.unwrap();
     db.drop_database().await;
 }
 

@@ -30,8 +30,9 @@ async fn laurel_up_demo_prints_what_the_readme_shows_and_keeps_running() {
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
+        .map(crate::support::KillOnDrop)
         .expect("laurel up --demo starts");
-    let stdout = child.stdout.take().unwrap();
+    let stdout = child.0.stdout.take().unwrap();
     let (lines_tx, mut lines) = tokio::sync::mpsc::unbounded_channel::<String>();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
@@ -139,13 +140,13 @@ async fn laurel_up_demo_prints_what_the_readme_shows_and_keeps_running() {
 
     // SIGTERM: a clean stop.
     let status = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
+        .args(["-TERM", &child.0.id().to_string()])
         .status()
         .unwrap();
     assert!(status.success());
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     let exit = loop {
-        if let Some(exit) = child.try_wait().unwrap() {
+        if let Some(exit) = child.0.try_wait().unwrap() {
             break exit;
         }
         assert!(

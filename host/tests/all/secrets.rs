@@ -51,11 +51,12 @@ async fn passwords_never_reach_a_response_or_a_log_line() {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
+        .map(crate::support::KillOnDrop)
         .expect("laurel serve starts");
     let lines = Arc::new(Mutex::new(Vec::<String>::new()));
     let readers: Vec<_> = [
-        Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
-        Box::new(child.stderr.take().unwrap()),
+        Box::new(child.0.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
+        Box::new(child.0.stderr.take().unwrap()),
     ]
     .into_iter()
     .map(|stream| {
@@ -170,9 +171,9 @@ async fn passwords_never_reach_a_response_or_a_log_line() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let _ = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
+        .args(["-TERM", &child.0.id().to_string()])
         .status();
-    let _ = child.wait();
+    let _ = child.0.wait();
     for reader in readers {
         let _ = reader.join();
     }

@@ -119,3 +119,16 @@ async fn connect(url: &str) -> tokio_postgres::Client {
     tokio::spawn(connection);
     client
 }
+
+/// A child process killed when the test ends, even by a failed assertion
+/// (a `laurel` left running would hold ports and CPU for the rest).
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}

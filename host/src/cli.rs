@@ -1084,10 +1084,25 @@ async fn run_roles(
         }
     }
     let _ = stop.send(true);
-    while let Some((role, ended)) = running.next().await {
-        if let Err(error) = ended {
-            warn!(message = "A role failed while stopping.", role, error = %format!("{error:#}"));
+    // Batches, cycles and requests in hand finish, up to the deadline;
+    // past it the process exits anyway: nothing is lost, since what was
+    // not committed (a batch, its offsets, a claimed cycle) rolls back and
+    // is taken again by the next process.
+    let deadline = Duration::from_millis(settings.shutdown_timeout_ms);
+    let stopping = async {
+        while let Some((role, ended)) = running.next().await {
+            if let Err(error) = ended {
+                warn!(message = "A role failed while stopping.", role, error = %format!("{error:#}"));
+            }
         }
+    };
+    if tokio::time::timeout(deadline, stopping).await.is_err() {
+        warn!(
+            message = "Roles still stopping at the shutdown deadline; exiting (what they did not commit is rolled back and done again).",
+            deadline_ms = settings.shutdown_timeout_ms
+        );
+        retention.abort();
+        std::process::exit(1);
     }
     retention.abort();
     info!(message = "Shut down.");

@@ -248,6 +248,45 @@ pub struct Settings {
     )]
     pub jwt_leeway_seconds: u64,
 
+    /// A request's headers must arrive within this, in milliseconds (a
+    /// slow client is disconnected).
+    #[arg(
+        long,
+        global = true,
+        env = "LAUREL_HTTP_HEADER_TIMEOUT_MS",
+        default_value_t = 10_000
+    )]
+    pub http_header_timeout_ms: u64,
+
+    /// A request's body must arrive within this, in milliseconds (408).
+    #[arg(
+        long,
+        global = true,
+        env = "LAUREL_HTTP_BODY_TIMEOUT_MS",
+        default_value_t = 30_000
+    )]
+    pub http_body_timeout_ms: u64,
+
+    /// HTTP connections served at once.
+    #[arg(
+        long,
+        global = true,
+        env = "LAUREL_HTTP_MAX_CONNECTIONS",
+        default_value_t = 1024
+    )]
+    pub http_max_connections: usize,
+
+    /// After SIGINT/SIGTERM, how long work in hand may take to finish, in
+    /// milliseconds; then the process exits (nothing is lost: what was not
+    /// committed is done again).
+    #[arg(
+        long,
+        global = true,
+        env = "LAUREL_SHUTDOWN_TIMEOUT_MS",
+        default_value_t = 30_000
+    )]
+    pub shutdown_timeout_ms: u64,
+
     /// Largest JSON or text request body, in bytes.
     #[arg(
         long,
@@ -355,6 +394,11 @@ impl Settings {
             kafka_brokers: brokers.filter(|b| !b.is_empty()).map(str::to_string),
             http_function_proxy_pool: self.http_function_proxy_pool.clone(),
             max_event_bytes: self.max_event_bytes,
+            header_timeout: Duration::from_millis(self.http_header_timeout_ms.max(1)),
+            body_timeout: Duration::from_millis(self.http_body_timeout_ms.max(1)),
+            max_connections: self.http_max_connections.max(1),
+            // The API drains within the process's deadline, a little inside it.
+            shutdown_timeout: Duration::from_millis(self.shutdown_timeout_ms * 9 / 10),
             ..ApiSettings::new(&self.database_url)
         })
     }

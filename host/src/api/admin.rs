@@ -485,7 +485,7 @@ async fn list_sources(State(state): State<Arc<AppState>>) -> Result<Json<Value>,
             "state": if source.paused { "paused" } else { "running" },
             "lag": null,
         });
-        match state.lag(&source.name, &source.topic).await {
+        match state.lag(&source.name) {
             Ok(lag) => entry["lag"] = json!(lag),
             Err(error) => entry["lag_error"] = json!(error),
         }

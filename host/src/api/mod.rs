@@ -19,6 +19,7 @@ pub use auth::{AdminToken, Caller, Role, Secret, mint_user_token, random_secret}
 pub use error::ApiError;
 pub use tokens::{TokenSettings, UserTokens};
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,11 +29,12 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Request, State};
 use axum::http::StatusCode;
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::catalog::Catalog;
 use crate::proxy::ProxyPools;
@@ -69,6 +71,18 @@ pub struct ApiSettings {
     pub database_connections: usize,
     /// Ingest's limit on a message, applied again when replaying.
     pub max_event_bytes: usize,
+    /// A request's headers must arrive within this (a slow client is
+    /// disconnected), and its body within `body_timeout` (408).
+    pub header_timeout: Duration,
+    pub body_timeout: Duration,
+    /// Connections served at once; more wait to be accepted.
+    pub max_connections: usize,
+    /// How long a stop waits for requests in flight before closing their
+    /// connections.
+    pub shutdown_timeout: Duration,
+    /// How often Kafka's health and the consumer lag are read (once for
+    /// the process, cached for every request).
+    pub kafka_every: Duration,
 }
 
 impl ApiSettings {
@@ -87,6 +101,11 @@ impl ApiSettings {
             http_function_proxy_pool: None,
             database_connections: 8,
             max_event_bytes: 1 << 20,
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
+            max_connections: 1024,
+            shutdown_timeout: Duration::from_secs(30),
+            kafka_every: Duration::from_secs(10),
         }
     }
 }
@@ -108,6 +127,58 @@ pub struct AppState {
     tokens: Arc<UserTokens>,
     /// Every admin token: LAUREL_ADMIN_TOKENS and LAUREL_ADMIN_TOKEN.
     admin_tokens: Vec<AdminToken>,
+    /// Kafka as last read by the watcher (brokers' health, consumer lag).
+    kafka: Arc<std::sync::RwLock<KafkaView>>,
+}
+
+/// Kafka as the API shows it, read by one background task (`watch_kafka`)
+/// and cached: `/healthz`, `/metrics` and `/admin/v1/sources` make no Kafka
+/// client per request (an unauthenticated flood costs nothing there).
+#[derive(Debug, Default, Clone)]
+struct KafkaView {
+    /// None until the first read.
+    brokers: Option<Result<(), String>>,
+    /// Consumer lag by source.
+    lag: HashMap<String, Result<i64, String>>,
+}
+
+async fn watch_kafka(
+    view: std::sync::Weak<std::sync::RwLock<KafkaView>>,
+    brokers: String,
+    group_prefix: String,
+    database_url: String,
+    every: Duration,
+) {
+    let mut store: Option<crate::store::Store> = None;
+    loop {
+        let Some(shared) = view.upgrade() else {
+            return;
+        };
+        let health = crate::ingest::check_brokers(&brokers, Duration::from_secs(3))
+            .await
+            .map(|_| ());
+        if store.as_ref().is_none_or(|s| s.is_closed()) {
+            store = crate::store::Store::connect(&database_url).await.ok();
+        }
+        let sources = match &store {
+            Some(store) => store.sources().await.unwrap_or_default(),
+            None => Vec::new(),
+        };
+        let mut lag = HashMap::new();
+        if health.is_ok() {
+            for source in sources {
+                let group = format!("{group_prefix}.{}", source.name);
+                let value = crate::ingest::consumer_lag(&brokers, &group, &source.topic).await;
+                lag.insert(source.name, value);
+            }
+        }
+        *shared.write().unwrap_or_else(|p| p.into_inner()) = KafkaView {
+            brokers: Some(health),
+            lag,
+        };
+        drop(shared);
+        tokio::time::sleep(every).await;
+    }
 }
 
 impl AppState {
@@ -120,7 +191,18 @@ impl AppState {
                 token: token.clone(),
             });
         }
+        let kafka = Arc::new(std::sync::RwLock::new(KafkaView::default()));
+        if let Some(brokers) = &settings.kafka_brokers {
+            tokio::spawn(watch_kafka(
+                Arc::downgrade(&kafka),
+                brokers.clone(),
+                settings.group_prefix.clone(),
+                settings.database_url.clone(),
+                settings.kafka_every,
+            ));
+        }
         AppState {
+            kafka,
             admin_tokens,
             tokens: UserTokens::start(settings.tokens.clone()),
             pool: StorePool::new(&settings.database_url, settings.database_connections),
@@ -179,12 +261,18 @@ impl AppState {
     }
 
     /// A source's consumer lag (messages its group has yet to consume).
-    async fn lag(&self, source: &str, topic: &str) -> Result<i64, String> {
-        let Some(brokers) = &self.settings.kafka_brokers else {
+    /// A source's consumer lag as last read (every 10 s).
+    fn lag(&self, source: &str) -> Result<i64, String> {
+        if self.settings.kafka_brokers.is_none() {
             return Err("this process has no Kafka brokers configured".to_string());
-        };
-        let group = format!("{}.{source}", self.settings.group_prefix);
-        crate::ingest::consumer_lag(brokers, &group, topic).await
+        }
+        let view = self.kafka.read().unwrap_or_else(|p| p.into_inner());
+        match (&view.brokers, view.lag.get(source)) {
+            (_, Some(lag)) => lag.clone(),
+            (None, None) => Err("not read yet (every 10 s)".to_string()),
+            (Some(Err(error)), None) => Err(error.clone()),
+            (Some(Ok(())), None) => Err("not read yet (a new source)".to_string()),
+        }
     }
 
     async fn proxies(&self) -> Result<&ProxyPools, ApiError> {
@@ -205,6 +293,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/metrics", get(metrics))
         .fallback(http_function)
         .method_not_allowed_fallback(wrong_method)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            body_in_time,
+        ))
         .with_state(state)
 }
 
@@ -215,11 +307,99 @@ pub async fn run(
     state: Arc<AppState>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use hyper_util::service::TowerToHyperService;
     info!(message = "HTTP API listening.", addr = %listener.local_addr()?);
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await?;
+    let settings = state.settings.clone();
+    let app = router(state);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let connections = Arc::new(tokio::sync::Semaphore::new(settings.max_connections.max(1)));
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut backoff = Duration::from_millis(5);
+    loop {
+        // At most max_connections at once: the next accept waits for one
+        // to end (the kernel's backlog holds the rest).
+        let permit = tokio::select! {
+            permit = connections.clone().acquire_owned() => permit?,
+            _ = &mut shutdown => break,
+        };
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    backoff = Duration::from_millis(5);
+                    stream
+                }
+                Err(error) => {
+                    // Out of file descriptors, say: back off, with a cap.
+                    warn!(message = "Failed to accept a connection.", %error);
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                    continue;
+                }
+            },
+            _ = &mut shutdown => break,
+        };
+        let connection = hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(settings.header_timeout)
+            .serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            let _permit = permit;
+            if let Err(error) = connection.await {
+                tracing::debug!(message = "A connection ended with an error.", %error);
+            }
+        });
+    }
+    drop(listener);
+    // Requests in flight finish; past the deadline their connections close.
+    if tokio::time::timeout(settings.shutdown_timeout, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        warn!(
+            message =
+                "Requests still in flight at the shutdown deadline; closing their connections.",
+            deadline_ms = settings.shutdown_timeout.as_millis() as u64
+        );
+    }
     Ok(())
+}
+
+/// A request's body arrives within the body timeout, or the answer is 408
+/// (a client that sends slowly does not hold a handler, or a stop, for
+/// ever). Read whole here, up to the largest body any route accepts; each
+/// route's own limit still applies.
+async fn body_in_time(
+    State(state): State<Arc<AppState>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let (parts, body) = request.into_parts();
+    let limit = state
+        .settings
+        .max_body_bytes
+        .max(state.settings.max_function_bytes);
+    match tokio::time::timeout(
+        state.settings.body_timeout,
+        axum::body::to_bytes(body, limit),
+    )
+    .await
+    {
+        Ok(Ok(bytes)) => {
+            next.run(Request::from_parts(parts, axum::body::Body::from(bytes)))
+                .await
+        }
+        Ok(Err(_)) => ApiError::PayloadTooLarge(format!(
+            "the request body is over the limit of {limit} bytes, or could not be read"
+        ))
+        .into_response(),
+        Err(_) => ApiError::RequestTimeout(format!(
+            "the request body did not arrive within {} ms",
+            state.settings.body_timeout.as_millis()
+        ))
+        .into_response(),
+    }
 }
 
 /// The OpenAPI document, as served at `/openapi.json`.
@@ -273,12 +453,20 @@ async fn healthz(State(state): State<Arc<AppState>>) -> Response {
         let pools = state.proxies().await.map_err(|e| e.to_string())?;
         pools.ping().await.map_err(|e| e.to_string())
     };
+    // As the watcher last saw it (every 10 s): no Kafka client per request.
     let kafka = async {
-        match &state.settings.kafka_brokers {
-            Some(brokers) => crate::ingest::check_brokers(brokers, LIMIT)
+        let view = state
+            .kafka
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        match (view.brokers, &state.settings.kafka_brokers) {
+            (Some(result), _) => result,
+            // Before the watcher's first look: one look now.
+            (None, Some(brokers)) => crate::ingest::check_brokers(brokers, LIMIT)
                 .await
                 .map(|_| ()),
-            None => Ok(()),
+            (None, None) => Ok(()),
         }
     };
     let (postgres, redis, kafka) = tokio::join!(
@@ -351,22 +539,19 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         Ok(store) => store.sources().await.unwrap_or_default(),
         Err(_) => Vec::new(),
     };
-    let lags = futures_util::future::join_all(sources.iter().map(|source| {
-        let state = &state;
-        async move {
+    let gauges: Vec<_> = sources
+        .iter()
+        .filter_map(|source| {
             state
-                .lag(&source.name, &source.topic)
-                .await
+                .lag(&source.name)
                 .ok()
                 .map(|lag| crate::metrics::Gauge {
                     name: crate::metrics::CONSUMER_LAG,
                     labels: vec![("source", source.name.clone())],
                     value: lag as f64,
                 })
-        }
-    }))
-    .await;
-    let gauges: Vec<_> = lags.into_iter().flatten().collect();
+        })
+        .collect();
     (
         [(
             axum::http::header::CONTENT_TYPE,

@@ -82,6 +82,7 @@ impl Server {
             max_body_bytes: 64 << 10,
             redis_url: crate::proxy::redis_url(),
             kafka_brokers: brokers.map(str::to_string),
+            kafka_every: Duration::from_millis(200),
             ..ApiSettings::new(database_url)
         };
         let mut settings = settings;
@@ -467,16 +468,24 @@ async fn progress_from_kafka_events_is_read_back_through_the_public_api() {
         400
     );
 
-    // Sources: state and consumer lag (everything consumed: 0).
-    let sources = server.admin("GET", "/sources", None).await;
-    assert_eq!(sources.status, 200, "{}", sources.body);
-    let photos = sources.body["sources"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["name"] == "photos")
-        .unwrap()
-        .clone();
+    // Sources: state and consumer lag (everything consumed: 0, once the
+    // watcher has read it again).
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let photos = loop {
+        let sources = server.admin("GET", "/sources", None).await;
+        assert_eq!(sources.status, 200, "{}", sources.body);
+        let photos = sources.body["sources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["name"] == "photos")
+            .unwrap()
+            .clone();
+        if photos["lag"] == 0 || std::time::Instant::now() > deadline {
+            break photos;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     assert_eq!(photos["paused"], false);
     assert_eq!(photos["topic"], "events.photos");
     assert_eq!(photos["lag"], 0, "{photos}");

@@ -217,6 +217,17 @@ async fn checkins_become_progress_and_the_badge_shows_it() {
     assert_eq!(headers["x-badge-views"], "2");
     let (status, _, body) = server.raw("GET", "/badges/u-1/nope", &[], "").await;
     assert_eq!((status, body.as_str()), (404, "award nope not found\n"));
+    // A made-up user id gets a badge at 0, and writes nothing: many of
+    // them cannot fill the store.
+    for i in 0..20 {
+        let (status, headers, _) = server
+            .raw("GET", &format!("/badges/crawler-{i}/regular"), &[], "")
+            .await;
+        assert_eq!(status, 200);
+        assert!(headers.get("x-badge-views").is_none());
+    }
+    let (_, headers, _) = server.raw("GET", "/badges/u-1/regular", &[], "").await;
+    assert_eq!(headers["x-badge-views"], "3");
 
     // Laurel's own routes still answer as before; unknown paths get JSON.
     let (status, _, body) = server.raw("GET", "/nowhere", &[], "").await;

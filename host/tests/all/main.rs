@@ -8,6 +8,7 @@ mod awards;
 mod cases;
 mod config_errors;
 mod definitions;
+mod edges;
 mod faults;
 mod hostile;
 mod http_functions;

@@ -3,7 +3,8 @@
 //!
 //! Progress comes from Laurel (`laurel:http/progress`), the badge's label
 //! from the `label` variable, and each badge's view count is kept in the
-//! default key-value store (sent back as `x-badge-views`).
+//! default key-value store (sent back as `x-badge-views`) for users with
+//! some progress: a request for an unknown user id writes nothing.
 
 use serde::Deserialize;
 use spin_sdk::http::{IntoResponse, Request};
@@ -29,6 +30,7 @@ struct Award {
     title: String,
     progress: f64,
     goal: f64,
+    started: bool,
     completed: bool,
 }
 
@@ -70,7 +72,14 @@ async fn badge(request: Request) -> impl IntoResponse {
     let label = spin_sdk::variables::get("label")
         .await
         .unwrap_or_else(|_| "Laurel".to_string());
-    let views = count_view(&format!("views/{user_id}/{award_id}")).await;
+    // Views are counted for users Laurel knows (some progress), so a
+    // crawler of made-up ids writes nothing.
+    let known = awards.awards.iter().any(|a| a.started);
+    let views = if known {
+        count_view(&format!("views/{user_id}/{award_id}")).await
+    } else {
+        None
+    };
     let svg = render(&label, award);
     let mut response = http::Response::builder()
         .status(200)

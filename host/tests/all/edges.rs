@@ -1,0 +1,156 @@
+//! Unauthenticated load costs little and is bounded: a client that sends
+//! its headers or its body too slowly is cut off (the connection closed,
+//! or 408), and a stop has a deadline even with such a client connected.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::api::{ADMIN, Server, database_with};
+use crate::support::KillOnDrop;
+
+/// Reads until the server closes the connection or `limit` passes;
+/// returns what it sent and how long it took.
+fn read_until_closed(stream: &mut TcpStream, limit: Duration) -> (String, Duration) {
+    let started = Instant::now();
+    stream
+        .set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let mut answer = Vec::new();
+    let mut buffer = [0u8; 4096];
+    while started.elapsed() < limit {
+        match stream.read(&mut buffer) {
+            Ok(0) => break,
+            Ok(n) => answer.extend_from_slice(&buffer[..n]),
+            Err(e)
+                if e.kind() == std::io::ErrorKind::WouldBlock
+                    || e.kind() == std::io::ErrorKind::TimedOut => {}
+            Err(_) => break,
+        }
+    }
+    (
+        String::from_utf8_lossy(&answer).into_owned(),
+        started.elapsed(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_headers_and_slow_bodies_are_cut_off() {
+    let (db, registry) = database_with("[]").await;
+    let server = Server::start_custom(&db.url, registry, None, None, |settings| {
+        settings.header_timeout = Duration::from_millis(500);
+        settings.body_timeout = Duration::from_millis(500);
+    })
+    .await
+    .unwrap();
+    let addr = server.base.trim_start_matches("http://").to_string();
+    let (slow_headers, slow_body) = tokio::task::spawn_blocking(move || {
+        // Headers a byte at a time, never finished.
+        let mut stream = TcpStream::connect(&addr).unwrap();
+        stream.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ").unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let started = Instant::now();
+        let mut closed_after = None;
+        while started.elapsed() < Duration::from_secs(5) {
+            let _ = stream.write_all(b"a");
+            let mut buffer = [0u8; 1024];
+            match stream.read(&mut buffer) {
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::WouldBlock
+                        || e.kind() == std::io::ErrorKind::TimedOut => {}
+                // Closed, or answered (and then closed): cut off either way.
+                _ => {
+                    closed_after = Some(started.elapsed());
+                    break;
+                }
+            }
+        }
+        // A body that stops halfway.
+        let mut stream = TcpStream::connect(&addr).unwrap();
+        write!(
+            stream,
+            "PUT /admin/v1/awards/a HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ADMIN}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"id\":"
+        )
+        .unwrap();
+        let body = read_until_closed(&mut stream, Duration::from_secs(5));
+        (closed_after, body)
+    })
+    .await
+    .unwrap();
+    let closed_after =
+        slow_headers.expect("the server closed a connection whose headers never ended");
+    assert!(closed_after < Duration::from_secs(3), "{closed_after:?}");
+    let (answer, took) = slow_body;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(
+        answer.contains("the request body did not arrive within 500 ms"),
+        "{answer}"
+    );
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    // And the server still serves.
+    assert_eq!(server.get("/healthz", None).await.status, 200);
+    drop(server);
+    db.drop_database().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_with_a_stalled_request_stops_by_the_deadline() {
+    let db = crate::support::TestDb::new().await;
+    let port = crate::proxy::free_port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_laurel"))
+        .args(["serve", "--roles", "api"])
+        .env("LAUREL_DATABASE_URL", &db.url)
+        .env("LAUREL_HTTP_ADDR", format!("127.0.0.1:{port}"))
+        .env("LAUREL_ADMIN_TOKEN", ADMIN)
+        .env("LAUREL_HTTP_BODY_TIMEOUT_MS", "600000")
+        .env("LAUREL_SHUTDOWN_TIMEOUT_MS", "2000")
+        .env("LAUREL_LOG", "warn")
+        .env_remove("LAUREL_KAFKA_BROKERS")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map(KillOnDrop)
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut stream = loop {
+        if let Ok(stream) = TcpStream::connect(("127.0.0.1", port)) {
+            break stream;
+        }
+        assert!(Instant::now() < deadline, "laurel serve did not listen");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    // A request whose body never finishes: a handler waits on it.
+    write!(
+        stream,
+        "PUT /admin/v1/awards/a HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ADMIN}\r\nContent-Length: 100\r\n\r\n{{"
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let stopped = Instant::now();
+    Command::new("kill")
+        .args(["-TERM", &child.0.id().to_string()])
+        .status()
+        .unwrap();
+    let exit = loop {
+        if let Some(exit) = child.0.try_wait().unwrap() {
+            break exit;
+        }
+        assert!(
+            stopped.elapsed() < Duration::from_secs(10),
+            "laurel did not stop by its deadline"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let took = stopped.elapsed();
+    assert!(
+        took >= Duration::from_millis(1500),
+        "it waited for the request: {took:?}"
+    );
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    assert!(exit.code().is_some(), "exited, not killed: {exit:?}");
+    drop(stream);
+    db.drop_database().await;
+}

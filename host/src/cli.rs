@@ -193,6 +193,10 @@ enum PoolCommand {
         /// least-concurrent: leases one member may hold at once.
         #[arg(long)]
         max_in_flight: Option<i32>,
+        /// Admit candidates on loopback, link-local and private addresses
+        /// (refused otherwise).
+        #[arg(long)]
+        allow_private: bool,
     },
     /// Delete a pool: its settings, candidates and Redis keys.
     Delete { name: String },
@@ -540,6 +544,7 @@ async fn proxies(settings: &Settings, command: ProxiesCommand) -> anyhow::Result
                     recheck_ms,
                     lease_ttl_ms,
                     max_in_flight,
+                    allow_private,
                 },
         } => {
             let pool = crate::store::ProxyPoolRow {
@@ -553,6 +558,7 @@ async fn proxies(settings: &Settings, command: ProxiesCommand) -> anyhow::Result
                 recheck_every: Duration::from_millis(recheck_ms),
                 lease_ttl: Duration::from_millis(lease_ttl_ms),
                 max_in_flight,
+                allow_private,
             };
             proxy::checked_pool(&pool).map_err(anyhow::Error::msg)?;
             store().await?.set_proxy_pool(&pool).await?;

@@ -281,20 +281,48 @@ impl Sender {
         if status.is_success() {
             return Ok(());
         }
-        let body = response.text().await.unwrap_or_default();
+        // Enough to say why; a receiver cannot make Laurel read more.
+        let body = read_limited(response, 64 << 10).await.unwrap_or_default();
+        let body = String::from_utf8_lossy(&body);
         Err(DeliveryError::Status {
             url: crate::redact::url(&webhook.url),
             status: status.as_u16(),
-            body: body.chars().take(200).collect(),
+            body: if status.is_redirection() {
+                "redirects are not followed".to_string()
+            } else {
+                body.chars().take(200).collect()
+            },
         })
     }
 }
 
+/// A response's body, at most `limit` bytes (the rest is not read).
+pub(crate) async fn read_limited(
+    mut response: reqwest::Response,
+    limit: usize,
+) -> Result<Vec<u8>, String> {
+    let mut body = Vec::new();
+    while let Some(chunk) = response
+        .chunk()
+        .await
+        .map_err(|e| error_chain(&e.without_url()))?
+    {
+        let room = limit.saturating_sub(body.len());
+        body.extend_from_slice(&chunk[..chunk.len().min(room)]);
+        if body.len() >= limit {
+            break;
+        }
+    }
+    Ok(body)
+}
+
 /// An HTTP client builder with TLS ready: reqwest is built without a
 /// default crypto provider (ring is installed once, here).
+/// Redirects are never followed: a hop could lead anywhere (an internal
+/// host, a host a function may not reach), so a 3xx is an answer.
 pub(crate) fn http_client() -> reqwest::ClientBuilder {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    reqwest::Client::builder()
+    reqwest::Client::builder().redirect(reqwest::redirect::Policy::none())
 }
 
 pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {

@@ -50,7 +50,10 @@ pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
             "/sources/{name}/dead-letters/replay",
             post(replay_dead_letters),
         )
-        .route("/proxy-pools/{pool}", get(get_pool))
+        .route(
+            "/proxy-pools/{pool}",
+            get(get_pool).put(put_pool).delete(delete_pool),
+        )
         .route("/proxy-pools/{pool}/candidates", put(put_candidates))
         .route("/proxy-pools/{pool}/allocate", post(allocate))
         .route("/audit", get(get_audit))
@@ -633,6 +636,93 @@ async fn replay_dead_letters(
 
 // --- proxy pools --------------------------------------------------------
 
+/// A pool's settings: `laurel proxies pool set`'s flags in snake_case,
+/// with the same defaults.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PoolBody {
+    check_url: String,
+    #[serde(default = "least_used")]
+    policy: String,
+    #[serde(default = "five_seconds")]
+    timeout_ms: u64,
+    #[serde(default = "two_seconds")]
+    max_latency_ms: u64,
+    #[serde(default = "http_only")]
+    schemes: Vec<String>,
+    #[serde(default)]
+    deny: Vec<String>,
+    #[serde(default = "five_minutes")]
+    recheck_ms: u64,
+    #[serde(default = "one_minute")]
+    lease_ttl_ms: u64,
+    #[serde(default)]
+    max_in_flight: Option<i32>,
+    #[serde(default)]
+    allow_private: bool,
+}
+
+fn least_used() -> String {
+    "least-used".into()
+}
+fn five_seconds() -> u64 {
+    5_000
+}
+fn two_seconds() -> u64 {
+    2_000
+}
+fn http_only() -> Vec<String> {
+    vec!["http".into()]
+}
+fn five_minutes() -> u64 {
+    300_000
+}
+fn one_minute() -> u64 {
+    60_000
+}
+
+async fn put_pool(
+    State(state): State<Arc<AppState>>,
+    Path(pool): Path<String>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let value = json_body(raw, state.settings.max_body_bytes)?;
+    let body: PoolBody = serde_json::from_value(value)
+        .map_err(|error| ApiError::unprocessable(format!("proxy pool {pool}: {error}")))?;
+    let ms = std::time::Duration::from_millis;
+    let row = crate::store::ProxyPoolRow {
+        name: pool.clone(),
+        policy: body.policy,
+        check_url: body.check_url,
+        timeout: ms(body.timeout_ms),
+        schemes: body.schemes,
+        max_latency: ms(body.max_latency_ms),
+        deny: body.deny,
+        recheck_every: ms(body.recheck_ms),
+        lease_ttl: ms(body.lease_ttl_ms),
+        max_in_flight: body.max_in_flight,
+        allow_private: body.allow_private,
+    };
+    crate::proxy::checked_pool(&row).map_err(ApiError::unprocessable)?;
+    state.store().await?.set_proxy_pool(&row).await?;
+    Ok(Json(
+        json!({"pool": pool, "policy": row.policy, "check_url": row.check_url}),
+    ))
+}
+
+async fn delete_pool(
+    State(state): State<Arc<AppState>>,
+    Path(pool): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    crate::proxy::check_pool(&pool).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    let existed = state.store().await?.delete_proxy_pool(&pool).await?;
+    state.proxies().await?.delete_pool(&pool).await?;
+    if !existed {
+        return Err(ApiError::NotFound(format!("no proxy pool named {pool}")));
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
+
 async fn get_pool(
     State(state): State<Arc<AppState>>,
     Path(pool): Path<String>,
@@ -671,6 +761,7 @@ async fn get_pool(
             "recheck_every_s": c.recheck_every.as_secs(),
             "lease_ttl_ms": c.lease_ttl.as_millis() as u64,
             "max_in_flight": c.max_in_flight,
+            "allow_private": c.allow_private,
         })
     });
     Ok(Json(json!({

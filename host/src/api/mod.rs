@@ -244,6 +244,7 @@ impl AppState {
             self.settings.kafka_brokers.as_deref(),
             self.settings.http_function_proxy_pool.clone(),
             limits.timeout,
+            limits.max_body_bytes,
         )?;
         let functions = HttpFunctions::load(
             manifest,

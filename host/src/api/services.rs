@@ -25,6 +25,8 @@ pub struct Services {
     /// The pool outbound requests go through, if any.
     pool: Option<String>,
     timeout: Duration,
+    /// Largest response body passed back to a function.
+    max_body_bytes: usize,
 }
 
 impl Services {
@@ -33,12 +35,14 @@ impl Services {
         brokers: Option<&str>,
         pool: Option<String>,
         timeout: Duration,
+        max_body_bytes: usize,
     ) -> anyhow::Result<Services> {
         Ok(Services {
             state,
             publisher: brokers.map(EventPublisher::new).transpose()?.map(Arc::new),
             pool,
             timeout,
+            max_body_bytes,
         })
     }
 
@@ -65,6 +69,7 @@ async fn through_pool(
     pool: &str,
     request: http::Request<Bytes>,
     timeout: Duration,
+    max_body_bytes: usize,
 ) -> Result<http::Response<Bytes>, String> {
     let policy = match state.store().await {
         Ok(store) => match store.proxy_pool(pool).await {
@@ -79,7 +84,7 @@ async fn through_pool(
         .await
         .map_err(|e| e.to_string())?
         .ok_or_else(|| format!("proxy pool {pool} has no eligible proxy: not sent"))?;
-    let result = send(&taken.proxy, request, timeout).await;
+    let result = send(&taken.proxy, request, timeout, max_body_bytes).await;
     let _ = pools.give_back(&taken).await;
     result.map_err(|e| format!("via proxy {}: {e}", taken.proxy))
 }
@@ -88,6 +93,7 @@ async fn send(
     proxy: &str,
     request: http::Request<Bytes>,
     timeout: Duration,
+    max_body_bytes: usize,
 ) -> Result<http::Response<Bytes>, String> {
     let client = crate::notify::http_client()
         .timeout(timeout)
@@ -109,11 +115,14 @@ async fn send(
     for (name, value) in response.headers() {
         answer = answer.header(name, value);
     }
-    let body = response
-        .bytes()
-        .await
-        .map_err(|e| crate::notify::error_chain(&e))?;
-    answer.body(body).map_err(|e| e.to_string())
+    // One byte over the limit tells the function the answer was too big.
+    let body = crate::notify::read_limited(response, max_body_bytes + 1).await?;
+    if body.len() > max_body_bytes {
+        return Err(format!(
+            "the response body is over the limit of {max_body_bytes} bytes"
+        ));
+    }
+    answer.body(Bytes::from(body)).map_err(|e| e.to_string())
 }
 
 impl HttpServices for Services {
@@ -125,11 +134,16 @@ impl HttpServices for Services {
         &self,
         request: http::Request<Bytes>,
     ) -> BoxFuture<'static, Result<http::Response<Bytes>, String>> {
-        let (state, pool, timeout) = (self.state(), self.pool.clone(), self.timeout);
+        let (state, pool, timeout, limit) = (
+            self.state(),
+            self.pool.clone(),
+            self.timeout,
+            self.max_body_bytes,
+        );
         Box::pin(async move {
             let state = state?;
             let pool = pool.ok_or_else(|| "no proxy pool is configured".to_string())?;
-            through_pool(&state, &pool, request, timeout).await
+            through_pool(&state, &pool, request, timeout, limit).await
         })
     }
 

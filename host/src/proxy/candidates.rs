@@ -87,6 +87,8 @@ pub struct Eligibility {
     pub max_latency: Duration,
     /// Hosts never admitted.
     pub deny: Vec<String>,
+    /// Admit loopback, link-local and private addresses.
+    pub allow_private: bool,
 }
 
 impl Eligibility {
@@ -97,6 +99,7 @@ impl Eligibility {
             schemes: pool.schemes.clone(),
             max_latency: pool.max_latency,
             deny: pool.deny.clone(),
+            allow_private: pool.allow_private,
         }
     }
 }
@@ -169,14 +172,44 @@ pub async fn check(candidate: &str, rules: &Eligibility) -> CheckOutcome {
     if rules.deny.iter().any(|d| d.eq_ignore_ascii_case(host)) {
         return Err(format!("host {host} is on the pool's deny-list"));
     }
+    if !rules.allow_private {
+        let port = url.port_or_known_default().unwrap_or(0);
+        let addresses = tokio::time::timeout(rules.timeout, tokio::net::lookup_host((host, port)))
+            .await
+            .map_err(|_| {
+                format!(
+                    "resolving {host} took over {} ms",
+                    rules.timeout.as_millis()
+                )
+            })?
+            .map_err(|e| format!("cannot resolve {host}: {e}"))?;
+        for address in addresses {
+            if let Some(kind) = internal(address.ip()) {
+                return Err(format!(
+                    "{host} is {kind} address ({}): refused unless the pool allows private addresses",
+                    address.ip()
+                ));
+            }
+        }
+    }
     let proxy = reqwest::Proxy::all(candidate).map_err(|e| format!("unusable as a proxy: {e}"))?;
     let client = crate::notify::http_client()
         .proxy(proxy)
         .timeout(rules.timeout)
+        .redirect(reqwest::redirect::Policy::none())
         .build()
         .map_err(|e| format!("unusable as a proxy: {e}"))?;
+    // A token chosen for this check, in the check URL: the answer must
+    // carry it back, so a candidate that answers everything itself (and
+    // would swallow webhooks) is not taken for one that forwards.
+    let token = check_token();
+    let mut check_url = reqwest::Url::parse(&rules.check_url)
+        .map_err(|e| format!("the pool's check URL is invalid: {e}"))?;
+    check_url
+        .query_pairs_mut()
+        .append_pair("laurel-check", &token);
     let started = std::time::Instant::now();
-    let response = client.get(&rules.check_url).send().await.map_err(|e| {
+    let response = client.get(check_url).send().await.map_err(|e| {
         format!(
             "the check request through it failed: {}",
             crate::notify::error_chain(&e.without_url())
@@ -189,6 +222,15 @@ pub async fn check(candidate: &str, rules: &Eligibility) -> CheckOutcome {
             response.status()
         ));
     }
+    let body = crate::notify::read_limited(response, CHECK_BODY_BYTES)
+        .await
+        .map_err(|e| format!("reading the check answer through it failed: {e}"))?;
+    if !String::from_utf8_lossy(&body).contains(&token) {
+        return Err(
+            "the answer through it does not carry the check token (it answers by itself instead of forwarding)"
+                .to_string(),
+        );
+    }
     if latency > rules.max_latency {
         return Err(format!(
             "too slow: {} ms (ceiling {} ms)",
@@ -197,6 +239,66 @@ pub async fn check(candidate: &str, rules: &Eligibility) -> CheckOutcome {
         ));
     }
     Ok(latency)
+}
+
+/// Most of a check answer read.
+const CHECK_BODY_BYTES: usize = 64 << 10;
+
+/// A fresh token per check (128 bits from the standard library's seeded
+/// hashers, which it draws from the operating system).
+fn check_token() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let half = || {
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or_default(),
+        );
+        hasher.finish()
+    };
+    format!("{:016x}{:016x}", half(), half())
+}
+
+/// What kind of internal address `ip` is, if it is one: loopback,
+/// link-local, private (RFC 1918, unique local, shared/CGNAT) or
+/// unspecified.
+pub fn internal(ip: std::net::IpAddr) -> Option<&'static str> {
+    use std::net::IpAddr;
+    match ip {
+        IpAddr::V4(v4) => {
+            let [a, b, ..] = v4.octets();
+            if v4.is_loopback() {
+                Some("a loopback")
+            } else if v4.is_link_local() {
+                Some("a link-local")
+            } else if v4.is_private() || (a == 100 && (64..128).contains(&b)) {
+                Some("a private")
+            } else if v4.is_unspecified() || v4.is_broadcast() {
+                Some("an unspecified")
+            } else {
+                None
+            }
+        }
+        IpAddr::V6(v6) => {
+            if let Some(v4) = v6.to_ipv4_mapped() {
+                return internal(IpAddr::V4(v4));
+            }
+            let first = v6.segments()[0];
+            if v6.is_loopback() {
+                Some("a loopback")
+            } else if first & 0xffc0 == 0xfe80 {
+                Some("a link-local")
+            } else if first & 0xfe00 == 0xfc00 {
+                Some("a private")
+            } else if v6.is_unspecified() {
+                Some("an unspecified")
+            } else {
+                None
+            }
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -23,6 +23,8 @@ pub struct ProxyPoolRow {
     pub recheck_every: Duration,
     pub lease_ttl: Duration,
     pub max_in_flight: Option<i32>,
+    /// Admit candidates on loopback, link-local and private addresses.
+    pub allow_private: bool,
 }
 
 /// A candidate of a pool and its last check.
@@ -40,7 +42,7 @@ pub struct CandidateRow {
 }
 
 const POOL_COLUMNS: &str = "name, policy, check_url, timeout_ms, schemes, max_latency_ms, deny, \
-     recheck_every_ms, lease_ttl_ms, max_in_flight";
+     recheck_every_ms, lease_ttl_ms, max_in_flight, allow_private";
 
 fn millis(ms: i32) -> Duration {
     Duration::from_millis(ms.max(0) as u64)
@@ -62,6 +64,7 @@ fn pool_row(r: &Row) -> ProxyPoolRow {
         recheck_every: millis(r.get(7)),
         lease_ttl: millis(r.get(8)),
         max_in_flight: r.get(9),
+        allow_private: r.get(10),
     }
 }
 
@@ -86,14 +89,14 @@ impl Store {
         self.client()
             .execute(
                 "INSERT INTO proxy_pools (name, policy, check_url, timeout_ms, schemes, max_latency_ms,
-                     deny, recheck_every_ms, lease_ttl_ms, max_in_flight)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+                     deny, recheck_every_ms, lease_ttl_ms, max_in_flight, allow_private)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
                  ON CONFLICT (name) DO UPDATE SET policy = EXCLUDED.policy,
                      check_url = EXCLUDED.check_url, timeout_ms = EXCLUDED.timeout_ms,
                      schemes = EXCLUDED.schemes, max_latency_ms = EXCLUDED.max_latency_ms,
                      deny = EXCLUDED.deny, recheck_every_ms = EXCLUDED.recheck_every_ms,
                      lease_ttl_ms = EXCLUDED.lease_ttl_ms, max_in_flight = EXCLUDED.max_in_flight,
-                     updated_at = now()",
+                     allow_private = EXCLUDED.allow_private, updated_at = now()",
                 &[
                     &pool.name,
                     &pool.policy,
@@ -105,6 +108,7 @@ impl Store {
                     &as_millis(pool.recheck_every),
                     &as_millis(pool.lease_ttl),
                     &pool.max_in_flight,
+                    &pool.allow_private,
                 ],
             )
             .await
@@ -256,7 +260,7 @@ impl Store {
             )
             .await
             .context("claiming proxy checks")?;
-        Ok(rows.iter().map(|r| (pool_row(r), r.get(10))).collect())
+        Ok(rows.iter().map(|r| (pool_row(r), r.get(11))).collect())
     }
 
     /// When the next candidate is due for a check, if any.

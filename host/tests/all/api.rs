@@ -1150,6 +1150,73 @@ async fn a_read_token_is_refused_every_write_and_every_write_is_audited() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_pool_is_set_up_and_deleted_over_http_alone() {
+    let (db, registry) = database_with("[]").await;
+    let server = Server::start(&db.url, registry, None).await;
+    let pool = crate::proxy::pool_name("over-http");
+    let bad = server
+        .admin(
+            "PUT",
+            &format!("/proxy-pools/{pool}"),
+            Some(json!({"check_url": "file:///etc/passwd", "policy": "round-robin", "timeout_ms": 0})),
+        )
+        .await;
+    assert_eq!(bad.status, 422, "{}", bad.body);
+    let text = error_text(&bad);
+    for problem in [
+        "unknown policy \"round-robin\"",
+        "check URL",
+        "timeout must be between",
+    ] {
+        assert!(text.contains(problem), "{text}");
+    }
+    let typo = server
+        .admin(
+            "PUT",
+            &format!("/proxy-pools/{pool}"),
+            Some(json!({"check_url": "http://x/c", "polcy": "x"})),
+        )
+        .await;
+    assert_eq!(typo.status, 422);
+    assert!(
+        error_text(&typo).contains("unknown field `polcy`"),
+        "{}",
+        typo.body
+    );
+    let set = server
+        .admin(
+            "PUT",
+            &format!("/proxy-pools/{pool}"),
+            Some(json!({"check_url": "https://check.example/echo", "policy": "least-concurrent", "max_in_flight": 2})),
+        )
+        .await;
+    assert_eq!(set.status, 200, "{}", set.body);
+    let got = server
+        .admin("GET", &format!("/proxy-pools/{pool}"), None)
+        .await;
+    assert_eq!(got.status, 200, "{}", got.body);
+    assert_eq!(got.body["config"]["policy"], "least-concurrent");
+    assert_eq!(got.body["config"]["timeout_ms"], 5000);
+    assert_eq!(got.body["config"]["allow_private"], false);
+    assert_eq!(
+        server
+            .admin("DELETE", &format!("/proxy-pools/{pool}"), None)
+            .await
+            .status,
+        204
+    );
+    assert_eq!(
+        server
+            .admin("DELETE", &format!("/proxy-pools/{pool}"), None)
+            .await
+            .status,
+        404
+    );
+    drop(server);
+    db.drop_database().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_api_manages_webhooks() {
     let (db, registry) = database_with("[]").await;
     let server = Server::start(&db.url, registry, None).await;

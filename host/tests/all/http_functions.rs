@@ -488,3 +488,76 @@ async fn outbound_requests_go_through_the_proxy_pool_when_one_is_set() {
     drop(server);
     db.drop_database().await;
 }
+
+/// A server that answers every request with a redirect to `location`.
+async fn redirecting_server(location: String) -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let location = location.clone();
+            tokio::spawn(async move {
+                let mut buffer = [0u8; 4096];
+                let _ = socket.read(&mut buffer).await;
+                let answer = format!(
+                    "HTTP/1.1 302 Found\r\nlocation: {location}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                );
+                let _ = socket.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    port
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_allowed_host_that_redirects_is_not_followed_elsewhere() {
+    let (db, registry) = crate::api::database_with("[]").await;
+    let (elsewhere, elsewhere_hits) = counting_server().await;
+    let allowed = redirecting_server(format!("http://127.0.0.1:{elsewhere}/x")).await;
+    // Straight out, and through a proxy pool.
+    let pool = crate::proxy::pool_name("redirects");
+    let proxy = crate::proxy::Tinyproxy::start("laurel-redirect-proxy");
+    db.store()
+        .await
+        .set_proxy_pool(&crate::proxy::pool_config(
+            &pool,
+            &crate::proxy::check_server().await,
+        ))
+        .await
+        .unwrap();
+    let pools = laurel::proxy::ProxyPools::connect(&crate::proxy::redis_url())
+        .await
+        .unwrap();
+    pools.admit(&pool, &proxy.url).await.unwrap();
+    for via_pool in [false, true] {
+        let chosen = pool.clone();
+        let server = Server::start_custom(
+            &db.url,
+            registry.clone(),
+            None,
+            Some((manifest(&app("redirects"), allowed, "").unwrap(), limits())),
+            move |settings| {
+                if via_pool {
+                    settings.http_function_proxy_pool = Some(chosen);
+                }
+            },
+        )
+        .await
+        .unwrap();
+        let url = format!("/probe/fetch?url=http://127.0.0.1:{allowed}/x");
+        let (status, _, body) = server.raw("GET", &url, &[], "").await;
+        assert_eq!(
+            (status, body.as_str()),
+            (200, "fetched 302"),
+            "via pool: {via_pool}"
+        );
+        drop(server);
+    }
+    assert_eq!(
+        elsewhere_hits.load(Ordering::SeqCst),
+        0,
+        "the redirect's target (not an allowed host) was never reached"
+    );
+    pools.delete_pool(&pool).await.unwrap();
+    db.drop_database().await;
+}

@@ -465,3 +465,33 @@ async fn a_least_concurrent_pool_leases_the_proxy_for_the_delivery_and_releases_
     pools.delete_pool(&pool).await.unwrap();
     db.drop_database().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_that_redirects_is_not_followed() {
+    let (target, seen) = receiver(0).await;
+    // The webhook's host answers every POST with a redirect elsewhere.
+    let app = axum::Router::new().route(
+        "/hook",
+        post(move || {
+            let target = target.clone();
+            async move { (StatusCode::TEMPORARY_REDIRECT, [("location", target)], "") }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let db = completion_with_webhook(&url).await;
+    let store = db.store().await;
+    notify_until(&db, fast_retries(2), || false).await;
+    assert!(
+        seen.lock().unwrap().is_empty(),
+        "the redirect's target got nothing"
+    );
+    let rows = store.notifications().await.unwrap();
+    assert_eq!(rows[0].state, "failed");
+    assert_eq!(
+        rows[0].last_error.as_deref(),
+        Some(format!("POST {url} answered 307: redirects are not followed").as_str())
+    );
+    db.drop_database().await;
+}

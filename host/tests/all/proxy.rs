@@ -281,8 +281,15 @@ impl Drop for Tinyproxy {
 }
 
 /// A check URL on loopback that answers 200.
+/// A check URL that echoes its query, as a proxy check needs (Laurel puts
+/// a token there that must come back).
 pub async fn check_server() -> String {
-    let app = axum::Router::new().route("/check", axum::routing::get(|| async { "ok" }));
+    let app = axum::Router::new().route(
+        "/check",
+        axum::routing::get(|uri: axum::http::Uri| async move {
+            format!("ok {}", uri.query().unwrap_or_default())
+        }),
+    );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/check", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await });
@@ -302,6 +309,8 @@ pub fn pool_config(name: &str, check_url: &str) -> ProxyPoolRow {
         recheck_every: Duration::from_secs(300),
         lease_ttl: Duration::from_secs(60),
         max_in_flight: None,
+        // The tests' proxies are on loopback.
+        allow_private: true,
     }
 }
 
@@ -682,4 +691,95 @@ impl Drop for PrivateRedis {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A "proxy" that answers every request itself with 200, forwarding
+/// nothing (free lists are full of these).
+async fn answers_by_itself() -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buffer = [0u8; 4096];
+                let _ = socket.read(&mut buffer).await;
+                let _ = socket
+                    .write_all(
+                        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok",
+                    )
+                    .await;
+            });
+        }
+    });
+    url
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_candidate_must_forward_and_internal_addresses_need_the_pool_s_consent() {
+    let pools = ProxyPools::connect(&redis_url()).await.unwrap();
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let check_url = check_server().await;
+    // A candidate that answers 200 to everything is not a proxy.
+    let pool = pool_name("forwarding");
+    store
+        .set_proxy_pool(&pool_config(&pool, &check_url))
+        .await
+        .unwrap();
+    let liar = answers_by_itself().await;
+    let real = Tinyproxy::start("tp-forwards");
+    let report = candidates::import(
+        &store,
+        &pools,
+        &pool,
+        &format!("{liar}\n{}\n", real.url),
+        false,
+    )
+    .await
+    .unwrap();
+    assert_eq!(report.admitted.len(), 1, "{report:?}");
+    assert_eq!(report.admitted[0].0, real.url);
+    assert_eq!(report.refused.len(), 1, "{report:?}");
+    assert_eq!(
+        report.refused[0].1,
+        "the answer through it does not carry the check token (it answers by itself instead of forwarding)"
+    );
+    // Loopback candidates in a pool that does not allow internal addresses.
+    let strict = pool_name("strict");
+    store
+        .set_proxy_pool(&ProxyPoolRow {
+            allow_private: false,
+            ..pool_config(&strict, &check_url)
+        })
+        .await
+        .unwrap();
+    let report = candidates::import(&store, &pools, &strict, &real.url, false)
+        .await
+        .unwrap();
+    assert!(report.admitted.is_empty(), "{report:?}");
+    assert_eq!(
+        report.refused[0].1,
+        "127.0.0.1 is a loopback address (127.0.0.1): refused unless the pool allows private addresses"
+    );
+    use laurel::proxy::candidates::internal;
+    for (address, kind) in [
+        ("10.1.2.3", Some("a private")),
+        ("192.168.0.10", Some("a private")),
+        ("172.20.0.1", Some("a private")),
+        ("100.64.0.1", Some("a private")),
+        ("169.254.169.254", Some("a link-local")),
+        ("::1", Some("a loopback")),
+        ("fe80::1", Some("a link-local")),
+        ("fd00::1", Some("a private")),
+        ("::ffff:127.0.0.1", Some("a loopback")),
+        ("0.0.0.0", Some("an unspecified")),
+        ("93.184.216.34", None),
+        ("2606:4700::1111", None),
+    ] {
+        assert_eq!(internal(address.parse().unwrap()), kind, "{address}");
+    }
+    pools.delete_pool(&pool).await.unwrap();
+    pools.delete_pool(&strict).await.unwrap();
+    db.drop_database().await;
 }

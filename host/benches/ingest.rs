@@ -11,7 +11,11 @@
 //! messages (malformed JSON, a NUL in the user id, a content id over the
 //! limit, a number outside the safe range: each dead-lettered with its
 //! reason, kept in PostgreSQL and published to the dead-letter topic), and
-//! reports the hostile rate as a ratio of the clean one.
+//! reports the hostile rate as a ratio of the clean one; and the clean
+//! stream again while 200 clients scrape `/metrics` and `/healthz` of an
+//! API server in the same process, each once a second (the issue: every
+//! scrape used to make a Kafka client per source), as a ratio of the clean
+//! one.
 //!
 //! 300,000 events make a window of about 10 s: with 100,000 (about 4 s) the
 //! start (the first batches, cold caches) and the end (sources finishing
@@ -187,10 +191,11 @@ fn main() {
     rt.block_on(async {
         let mut rows_per_s = 0.0;
         let mut ratios = Vec::new();
+        let mut scraped = Vec::new();
         for round in 1..=rounds {
-            let mut rates = [0.0; 2];
-            for (k, hostile) in [false, true].into_iter().enumerate() {
-                let (rate, baseline) = measure(&server, &url, count, hostile, rows_per_s == 0.0).await;
+            let mut rates = [0.0; 3];
+            for (k, mode) in [Mode::Clean, Mode::Hostile, Mode::Scraped].into_iter().enumerate() {
+                let (rate, baseline) = measure(&server, &url, count, mode, rows_per_s == 0.0).await;
                 if let Some(baseline) = baseline {
                     rows_per_s = baseline;
                     println!("Baseline: PostgreSQL UNNEST upserts, 500 rows per transaction: {rows_per_s:>8.0} rows/s");
@@ -199,13 +204,23 @@ fn main() {
             }
             let ratio = rates[1] / rates[0];
             ratios.push(ratio);
+            scraped.push(rates[2] / rates[0]);
             println!(
-                "Round {round}: clean {:.0} events/s (ratio to baseline {:.2}), 1% hostile {:.0} events/s: hostile/clean {ratio:.2}",
+                "Round {round}: clean {:.0} events/s (ratio to baseline {:.2}), 1% hostile {:.0} events/s: hostile/clean {ratio:.2}; scraped {:.0} events/s: scraped/clean {:.2}",
                 rates[0],
                 rates[0] / rows_per_s,
-                rates[1]
+                rates[1],
+                rates[2],
+                rates[2] / rates[0]
             );
         }
+        scraped.sort_by(f64::total_cmp);
+        println!(
+            "Scraped/clean over {rounds} rounds: lowest {:.2}, median {:.2}, highest {:.2}",
+            scraped[0],
+            scraped[scraped.len() / 2],
+            scraped[scraped.len() - 1]
+        );
         ratios.sort_by(f64::total_cmp);
         println!(
             "Hostile/clean over {rounds} rounds: lowest {:.2}, median {:.2}, highest {:.2}",
@@ -216,15 +231,74 @@ fn main() {
     });
 }
 
+#[derive(Clone, Copy, PartialEq)]
+enum Mode {
+    Clean,
+    /// 1% hostile messages.
+    Hostile,
+    /// Clean, with 200 clients scraping the API's unauthenticated routes.
+    Scraped,
+}
+
+/// 200 clients, each scraping `/metrics` and `/healthz` once a second,
+/// against an API server in this process; until `stop`.
+async fn scrape(
+    url: &str,
+    brokers: &str,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> Vec<tokio::task::JoinHandle<u64>> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let registry = Registry::start(url, Runtime::new(Limits::default(), None).unwrap())
+        .await
+        .unwrap();
+    let catalog = Catalog::start(url).await.unwrap();
+    let state = std::sync::Arc::new(laurel::api::AppState::new(
+        laurel::api::ApiSettings {
+            kafka_brokers: Some(brokers.to_string()),
+            ..laurel::api::ApiSettings::new(url)
+        },
+        registry,
+        catalog,
+    ));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let mut server_stop = stop.clone();
+    tokio::spawn(laurel::api::run(listener, state, async move {
+        let _ = server_stop.changed().await;
+    }));
+    let client = reqwest::Client::new();
+    (0..200)
+        .map(|_| {
+            let (client, base, mut stop) = (client.clone(), base.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut scrapes = 0;
+                while !*stop.borrow() {
+                    for path in ["/metrics", "/healthz"] {
+                        if client.get(format!("{base}{path}")).send().await.is_ok() {
+                            scrapes += 1;
+                        }
+                    }
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                        _ = stop.changed() => {}
+                    }
+                }
+                scrapes
+            })
+        })
+        .collect()
+}
+
 /// One measured stream on a fresh database and broker: events/s, and the
 /// baseline if asked for.
 async fn measure(
     server: &str,
     url: &str,
     count: usize,
-    hostile: bool,
+    mode: Mode,
     with_baseline: bool,
 ) -> (f64, Option<f64>) {
+    let hostile = mode == Mode::Hostile;
     let admin = sql(&format!("{server}/postgres")).await;
     admin
         .batch_execute("DROP DATABASE IF EXISTS laurel_bench_ingest WITH (FORCE)")
@@ -312,6 +386,12 @@ async fn measure(
         "the consumers did not start"
     );
 
+    let (scrapers_stop, scrapers_stopped) = tokio::sync::watch::channel(false);
+    let scrapers = if mode == Mode::Scraped {
+        scrape(url, broker.bootstrap_servers(), scrapers_stopped).await
+    } else {
+        Vec::new()
+    };
     // Measured: from the first produced event to the last committed
     // offset (producing overlaps consuming).
     let all = events(count, hostile);
@@ -328,9 +408,18 @@ async fn measure(
     let done = wait_committed(broker.bootstrap_servers(), count + SOURCES.len()).await;
     let elapsed = started.elapsed().as_secs_f64();
     let events_per_s = (count as f64) / elapsed;
+    let _ = scrapers_stop.send(true);
+    let mut scrapes = 0;
+    for scraper in scrapers {
+        scrapes += scraper.await.unwrap_or(0);
+    }
     println!(
         "Laurel, {}: Kafka -> Wasm filters and rules -> committed counters: {events_per_s:>8.0} events/s ({count} events in {elapsed:.2} s, produced in the first {produced:.2} s{})",
-        if hostile { "1% hostile" } else { "clean" },
+        match mode {
+            Mode::Clean => "clean".to_string(),
+            Mode::Hostile => "1% hostile".to_string(),
+            Mode::Scraped => format!("scraped ({scrapes} scrapes)"),
+        },
         if done { "" } else { ", NOT all committed" }
     );
     if hostile {

@@ -1020,7 +1020,7 @@ async fn run_roles(
         }));
     }
     if roles.contains("proxies") {
-        info!(message = "Proxy re-checker starting.", redis = %crate::redact::url(&settings.redis_url));
+        info!(message = "Proxy re-checker starting.", redis = %crate::secrets::redact_url(&settings.redis_url));
         let stopped = until_stopped(stopped.clone());
         running.push(Box::pin(async move {
             let result =

@@ -13,9 +13,9 @@ pub mod library;
 pub mod metrics;
 pub mod notify;
 pub mod proxy;
-pub mod redact;
 pub mod registry;
 pub mod runtime;
+pub mod secrets;
 pub mod settings;
 pub mod store;
 

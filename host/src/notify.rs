@@ -78,14 +78,14 @@ pub fn checked_webhook(
         Ok(parsed) => {
             return Err(format!(
                 "invalid webhook URL {:?}: expected http:// or https:// with a host, got scheme {:?}",
-                crate::redact::url(url),
+                crate::secrets::redact_url(url),
                 parsed.scheme()
             ));
         }
         Err(error) => {
             return Err(format!(
                 "invalid webhook URL {:?}: {error}",
-                crate::redact::url(url)
+                crate::secrets::redact_url(url)
             ));
         }
     }
@@ -271,7 +271,7 @@ impl Sender {
             .send()
             .await
             .map_err(|error| DeliveryError::Request {
-                url: crate::redact::url(&webhook.url),
+                url: crate::secrets::redact_url(&webhook.url),
                 via: via.to_string(),
                 // reqwest quotes the URL (without its user info, with its
                 // query): the message names it redacted instead.
@@ -285,7 +285,7 @@ impl Sender {
         let body = read_limited(response, 64 << 10).await.unwrap_or_default();
         let body = String::from_utf8_lossy(&body);
         Err(DeliveryError::Status {
-            url: crate::redact::url(&webhook.url),
+            url: crate::secrets::redact_url(&webhook.url),
             status: status.as_u16(),
             body: if status.is_redirection() {
                 "redirects are not followed".to_string()

@@ -819,7 +819,7 @@ async fn allocate(
 fn webhook_json(w: &Webhook, caller: &Caller) -> Value {
     let url = match caller.role {
         Role::Admin => w.url.clone(),
-        Role::Read => crate::redact::url(&w.url),
+        Role::Read => crate::secrets::redact_url(&w.url),
     };
     json!({"name": w.name, "url": url, "events": w.events, "proxy_pool": w.proxy_pool})
 }

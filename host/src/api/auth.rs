@@ -181,21 +181,9 @@ pub fn mint_user_token(secret: &Secret, user_id: &str, ttl: std::time::Duration)
     .expect("HS256 signing of a JSON object cannot fail")
 }
 
-/// A random secret (128 bits from the process's hash seeds, which the
-/// standard library draws from the operating system).
+/// A random secret, for the demo.
 pub fn random_secret() -> Secret {
-    use std::hash::{BuildHasher, Hasher};
-    let half = || {
-        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-        hasher.write_u128(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos())
-                .unwrap_or_default(),
-        );
-        hasher.finish()
-    };
-    Secret::new(format!("{:016x}{:016x}", half(), half()))
+    Secret::new(crate::secrets::random_token())
 }
 
 impl Secret {

@@ -110,12 +110,12 @@ impl UserTokens {
                         || current.keys.iter().zip(&set.keys).any(|(a, b)| a != b)
                 };
                 if changed {
-                    info!(message = "Loaded the identity provider's keys.", keys = count, source = %crate::redact::url(source));
+                    info!(message = "Loaded the identity provider's keys.", keys = count, source = %crate::secrets::redact_url(source));
                 }
                 *self.keys.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(set);
             }
             Err(error) => {
-                warn!(message = "Failed to load the identity provider's keys; keeping the last ones.", source = %crate::redact::url(source), error = %crate::redact::url_in(&error, source));
+                warn!(message = "Failed to load the identity provider's keys; keeping the last ones.", source = %crate::secrets::redact_url(source), error = %crate::secrets::redact_url_in(&error, source));
             }
         }
     }

@@ -438,31 +438,7 @@ impl SourceConsumer {
                 }
             }
         };
-        admitted.retain(|(index, envelope)| {
-            let reason = if !envelope.authorized {
-                Some("user not authorized (authorized: false)".to_string())
-            } else {
-                excluded
-                    .get(&envelope.user_id)
-                    .map(|state| format!("user is {state}"))
-            };
-            match reason {
-                Some(reason) => {
-                    log.push(LogEntry {
-                        index: *index,
-                        event_id: Some(envelope.id.clone()),
-                        user_id: Some(envelope.user_id.clone()),
-                        award_id: None,
-                        objective_id: None,
-                        outcome: "skipped",
-                        reason,
-                        functions: None,
-                    });
-                    false
-                }
-                None => true,
-            }
-        });
+        admitted.retain(|(index, envelope)| !skipped(*index, envelope, &excluded, &mut log));
 
         // The objectives, rebuilt when awards or functions changed.
         let generation = (
@@ -659,6 +635,34 @@ async fn publish_dead_letter(
     }
     warn!(message = "Event dead-lettered.", source = %source.name, partition = message.partition(), offset = message.offset(), reason = %reason);
     Ok(())
+}
+
+/// Whether `envelope`'s user gets no progress (not authorized, banned or
+/// deleted); if so, the skip is logged.
+fn skipped(
+    index: usize,
+    envelope: &Envelope,
+    excluded: &HashMap<String, String>,
+    log: &mut Vec<LogEntry>,
+) -> bool {
+    let reason = if !envelope.authorized {
+        "user not authorized (authorized: false)".to_string()
+    } else if let Some(state) = excluded.get(&envelope.user_id) {
+        format!("user is {state}")
+    } else {
+        return false;
+    };
+    log.push(LogEntry {
+        index,
+        event_id: Some(envelope.id.clone()),
+        user_id: Some(envelope.user_id.clone()),
+        award_id: None,
+        objective_id: None,
+        outcome: "skipped",
+        reason,
+        functions: None,
+    });
+    true
 }
 
 /// A message's event, or why it cannot be used: the checks every message

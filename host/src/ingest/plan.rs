@@ -334,14 +334,7 @@ impl ObjectivePlan {
             }
             let filter = match filter {
                 Bound::Ready(binding) => binding,
-                Bound::Broken { reason, .. } => {
-                    for p in passing {
-                        answers[p] = Answer::Effect(Effect::Held {
-                            reason: reason.clone(),
-                        });
-                    }
-                    return Ok(answers);
-                }
+                Bound::Broken { reason, .. } => return Ok(held(answers, &passing, reason)),
             };
             let answers_here = filter
                 .instance()
@@ -364,14 +357,7 @@ impl ObjectivePlan {
         }
         let rule = match &mut self.rule {
             Bound::Ready(binding) => binding,
-            Bound::Broken { reason, .. } => {
-                for p in passing {
-                    answers[p] = Answer::Effect(Effect::Held {
-                        reason: reason.clone(),
-                    });
-                }
-                return Ok(answers);
-            }
+            Bound::Broken { reason, .. } => return Ok(held(answers, &passing, reason)),
         };
         let contributions = rule
             .instance()
@@ -385,6 +371,17 @@ impl ObjectivePlan {
         }
         Ok(answers)
     }
+}
+
+/// `answers` with every event still passing held (a function of the chain
+/// cannot be bound).
+fn held(mut answers: Vec<Answer>, passing: &[usize], reason: &Arc<str>) -> Vec<Answer> {
+    for &p in passing {
+        answers[p] = Answer::Effect(Effect::Held {
+            reason: reason.clone(),
+        });
+    }
+    answers
 }
 
 fn effect(event: &Event, contribution: Contribution) -> Answer {

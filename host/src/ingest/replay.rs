@@ -22,9 +22,7 @@ use super::plan::{Plan, Scope};
 use crate::catalog::Catalog;
 use crate::event::Envelope;
 use crate::registry::Registry;
-use crate::store::{
-    Applied, Batch, LetterFilter, LogEntry, Message, Replaying, Store, StoredLetter,
-};
+use crate::store::{Applied, Batch, LetterFilter, Message, Replaying, Store, StoredLetter};
 
 /// How many dead letters one transaction replays.
 const CHUNK: i64 = 500;
@@ -144,37 +142,13 @@ async fn replay_chunk(
         .collect::<HashSet<_>>()
         .into_iter()
         .collect();
-    let excluded = if users.is_empty() {
+    let excluded: std::collections::HashMap<String, String> = if users.is_empty() {
         Default::default()
     } else {
         store.excluded_users(&users).await?
     };
     let mut log = Vec::new();
-    admitted.retain(|(index, envelope, _)| {
-        let reason = if !envelope.authorized {
-            Some("user not authorized (authorized: false)".to_string())
-        } else {
-            excluded
-                .get(&envelope.user_id)
-                .map(|state| format!("user is {state}"))
-        };
-        match reason {
-            Some(reason) => {
-                log.push(LogEntry {
-                    index: *index,
-                    event_id: Some(envelope.id.clone()),
-                    user_id: Some(envelope.user_id.clone()),
-                    award_id: None,
-                    objective_id: None,
-                    outcome: "skipped",
-                    reason,
-                    functions: None,
-                });
-                false
-            }
-            None => true,
-        }
-    });
+    admitted.retain(|(index, envelope, _)| !super::skipped(*index, envelope, &excluded, &mut log));
     let mut indexes = Vec::with_capacity(admitted.len());
     let mut envelopes = Vec::with_capacity(admitted.len());
     let mut scopes = Vec::with_capacity(admitted.len());

@@ -202,7 +202,7 @@ pub async fn check(candidate: &str, rules: &Eligibility) -> CheckOutcome {
     // A token chosen for this check, in the check URL: the answer must
     // carry it back, so a candidate that answers everything itself (and
     // would swallow webhooks) is not taken for one that forwards.
-    let token = check_token();
+    let token = crate::secrets::random_token();
     let mut check_url = reqwest::Url::parse(&rules.check_url)
         .map_err(|e| format!("the pool's check URL is invalid: {e}"))?;
     check_url
@@ -243,23 +243,6 @@ pub async fn check(candidate: &str, rules: &Eligibility) -> CheckOutcome {
 
 /// Most of a check answer read.
 const CHECK_BODY_BYTES: usize = 64 << 10;
-
-/// A fresh token per check (128 bits from the standard library's seeded
-/// hashers, which it draws from the operating system).
-fn check_token() -> String {
-    use std::hash::{BuildHasher, Hasher};
-    let half = || {
-        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-        hasher.write_u128(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos())
-                .unwrap_or_default(),
-        );
-        hasher.finish()
-    };
-    format!("{:016x}{:016x}", half(), half())
-}
 
 /// What kind of internal address `ip` is, if it is one: loopback,
 /// link-local, private (RFC 1918, unique local, shared/CGNAT) or
@@ -537,14 +520,14 @@ pub async fn fetch_list(url: &str) -> Result<String, String> {
     let mut response = client.get(url).send().await.map_err(|e| {
         format!(
             "GET {} failed: {}",
-            crate::redact::url(url),
+            crate::secrets::redact_url(url),
             crate::notify::error_chain(&e.without_url())
         )
     })?;
     if !response.status().is_success() {
         return Err(format!(
             "GET {} answered {}",
-            crate::redact::url(url),
+            crate::secrets::redact_url(url),
             response.status()
         ));
     }
@@ -552,7 +535,7 @@ pub async fn fetch_list(url: &str) -> Result<String, String> {
     while let Some(chunk) = response.chunk().await.map_err(|e| {
         format!(
             "GET {} failed: {}",
-            crate::redact::url(url),
+            crate::secrets::redact_url(url),
             crate::notify::error_chain(&e.without_url())
         )
     })? {
@@ -560,7 +543,7 @@ pub async fn fetch_list(url: &str) -> Result<String, String> {
         if body.len() > MAX_LIST_BYTES {
             return Err(format!(
                 "GET {}: the list is over {} MiB",
-                crate::redact::url(url),
+                crate::secrets::redact_url(url),
                 MAX_LIST_BYTES >> 20
             ));
         }
@@ -568,7 +551,7 @@ pub async fn fetch_list(url: &str) -> Result<String, String> {
     String::from_utf8(body).map_err(|_| {
         format!(
             "GET {}: the list is not UTF-8 text",
-            crate::redact::url(url)
+            crate::secrets::redact_url(url)
         )
     })
 }

@@ -248,10 +248,10 @@ impl ProxyPools {
     /// Connects to Redis at `url`; fails clearly if it is not there.
     pub async fn connect(url: &str) -> Result<ProxyPools, ProxyError> {
         // Only the redacted form is ever shown (errors, logs, /healthz).
-        let shown = crate::redact::url(url);
+        let shown = crate::secrets::redact_url(url);
         let client = redis::Client::open(url).map_err(|e| ProxyError::InvalidUrl {
             url: shown.clone(),
-            reason: crate::redact::url_in(&e.to_string(), url),
+            reason: crate::secrets::redact_url_in(&e.to_string(), url),
         })?;
         // Fail fast when Redis is away (the default retries for ~10 s);
         // the manager reconnects by itself at the next call.
@@ -266,7 +266,7 @@ impl ProxyPools {
             .map_err(|e| ProxyError::Redis {
                 pool: "*".into(),
                 url: shown.clone(),
-                reason: crate::redact::url_in(&e.to_string(), url),
+                reason: crate::secrets::redact_url_in(&e.to_string(), url),
             })?;
         Ok(ProxyPools {
             connection,

@@ -157,7 +157,7 @@ fn describe(config: &Config) -> String {
 fn parse(url: &str) -> Result<Config, StoreError> {
     url.parse::<Config>()
         .map_err(|source| StoreError::InvalidUrl {
-            url: crate::redact::url(url),
+            url: crate::secrets::redact_url(url),
             source,
         })
 }

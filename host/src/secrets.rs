@@ -1,12 +1,30 @@
-//! Secrets never leave the process: URLs are shown without their
-//! credentials (`redis://:***@host:6379`), and without the values of query
-//! parameters that look like secrets (`?token=***`), wherever Laurel
-//! writes them: errors, logs, `/healthz`, the processing log.
+//! Secrets: made fresh where Laurel needs one ([`random_token`]), and never
+//! shown: URLs appear without their credentials (`redis://:***@host:6379`)
+//! and without the values of query parameters that look like secrets
+//! (`?token=***`), wherever Laurel writes them: errors, logs, `/healthz`,
+//! the processing log.
+
+/// 128 random bits as hex (from the standard library's hasher seeds,
+/// which it draws from the operating system).
+pub fn random_token() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let half = || {
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or_default(),
+        );
+        hasher.finish()
+    };
+    format!("{:016x}{:016x}", half(), half())
+}
 
 /// `url` with the password of its user info, and the values of query
 /// parameters named like secrets, replaced by `***`. Text that is not a
 /// URL comes back as it was.
-pub fn url(url: &str) -> String {
+pub fn redact_url(url: &str) -> String {
     let Some(scheme_end) = url.find("://") else {
         return url.to_string();
     };
@@ -65,10 +83,11 @@ fn secret_name(name: &str) -> bool {
     .any(|word| name.contains(word))
 }
 
-/// `text` with every occurrence of `url` in it shown as [`url`] shows it
+/// `text` with every occurrence of `secret_url` in it shown as
+/// [`redact_url`] shows it
 /// (for messages of libraries that quote the URL they were given).
-pub fn url_in(text: &str, secret_url: &str) -> String {
-    let redacted = url(secret_url);
+pub fn redact_url_in(text: &str, secret_url: &str) -> String {
+    let redacted = redact_url(secret_url);
     if redacted == secret_url {
         return text.to_string();
     }
@@ -82,25 +101,28 @@ mod tests {
     #[test]
     fn credentials_and_secret_parameters_are_hidden() {
         assert_eq!(
-            url("redis://:hunter2@10.0.0.5:6379/0"),
+            redact_url("redis://:hunter2@10.0.0.5:6379/0"),
             "redis://:***@10.0.0.5:6379/0"
         );
         assert_eq!(
-            url("postgres://laurel:hunter2@db/laurel?sslmode=require"),
+            redact_url("postgres://laurel:hunter2@db/laurel?sslmode=require"),
             "postgres://laurel:***@db/laurel?sslmode=require"
         );
         assert_eq!(
-            url("https://hooks.example/in?token=abc&team=7#x"),
+            redact_url("https://hooks.example/in?token=abc&team=7#x"),
             "https://hooks.example/in?token=***&team=7#x"
         );
         assert_eq!(
-            url("https://user:p@ss@example.com/"),
+            redact_url("https://user:p@ss@example.com/"),
             "https://user:***@example.com/"
         );
-        assert_eq!(url("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
-        assert_eq!(url("not a url"), "not a url");
         assert_eq!(
-            url_in(
+            redact_url("redis://127.0.0.1:6379"),
+            "redis://127.0.0.1:6379"
+        );
+        assert_eq!(redact_url("not a url"), "not a url");
+        assert_eq!(
+            redact_url_in(
                 "error for url (https://u:pw@h/x): refused",
                 "https://u:pw@h/x"
             ),

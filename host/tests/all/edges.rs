@@ -154,3 +154,42 @@ async fn sigterm_with_a_stalled_request_stops_by_the_deadline() {
     drop(stream);
     db.drop_database().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_past_the_limit_wait_for_one_to_end() {
+    let (db, registry) = database_with("[]").await;
+    let server = Server::start_custom(&db.url, registry, None, None, |settings| {
+        settings.max_connections = 2;
+    })
+    .await
+    .unwrap();
+    let addr = server.base.trim_start_matches("http://").to_string();
+    // Two clients connect and say nothing (within the header timeout).
+    let first = TcpStream::connect(&addr).unwrap();
+    let second = TcpStream::connect(&addr).unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let url = format!("{}/healthz", server.base);
+    assert!(
+        client.get(&url).send().await.is_err(),
+        "a third connection is not served while two are held"
+    );
+    drop(first);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(response) = client.get(&url).send().await {
+            assert_eq!(response.status(), 200);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "served once one connection ended"
+        );
+    }
+    drop(second);
+    drop(server);
+    db.drop_database().await;
+}

@@ -185,6 +185,57 @@ async fn broker_killed_and_started_again_ingest_carries_on() {
     drop(broker);
     tokio::time::sleep(Duration::from_secs(2)).await;
     let broker = processes::Broker::start_on(Some(port));
+    // The new broker has none of the old one's log or offsets. A consumer
+    // finds its old position out of range and starts again from the
+    // beginning, once it fetches: one probe per source, each applied before
+    // the rest is sent (a probe cannot be skipped: the log stays shorter
+    // than the old positions until the consumer has started again).
+    let probe_producer = ingest::producer(&brokers).unwrap();
+    let sql = db.sql().await;
+    for (i, (topic, award)) in [
+        ("events.photos", "photographer"),
+        ("events.reviews", "critic"),
+        ("events.bss", "regular"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let source = topic.trim_start_matches("events.");
+        let probe = serde_json::json!({"id": format!("probe-{i}"), "source": source, "type": "probe",
+            "user_id": "probe", "authorized": true, "content_id": format!("probe-{i}"), "status": "active",
+            "occurred_at": "2026-12-01T10:00:00Z", "payload": {"object_id": "probe"}});
+        let probe = if source == "bss" {
+            serde_json::json!({"id": "probe-bss", "source": "bss", "type": "probe", "user_id": "probe",
+                "authorized": true, "occurred_at": "2026-12-01T10:00:00Z", "payload": {}})
+        } else {
+            probe
+        };
+        ingest::publish(
+            &probe_producer,
+            topic,
+            Some(b"probe"),
+            probe.to_string().as_bytes(),
+            &[],
+        )
+        .await
+        .unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while sql
+            .query_opt(
+                "SELECT 1 FROM user_objective WHERE user_id = 'probe' AND award_id = $1",
+                &[&award],
+            )
+            .await
+            .unwrap()
+            .is_none()
+        {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{source}'s consumer never came back"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
     // Malformed messages among the rest: dead letters after the restart.
     let mut rest = events[EVENTS / 2..].to_vec();
     for i in 0..5 {
@@ -198,6 +249,28 @@ async fn broker_killed_and_started_again_ingest_carries_on() {
         );
     }
     publish(&rest).await;
+    let mut expected = expected;
+    for award in [
+        ("photographer", "photo"),
+        ("critic", "reviews"),
+        ("regular", "visits"),
+    ] {
+        let counters = if award.0 == "regular" {
+            "opened"
+        } else if award.0 == "critic" {
+            "count"
+        } else {
+            "approved"
+        };
+        expected.insert(
+            (
+                "probe".to_string(),
+                award.0.to_string(),
+                award.1.to_string(),
+            ),
+            [(counters.to_string(), 1)].into(),
+        );
+    }
     let actual = processes::settle(&db, &expected).await;
     assert!(
         actual == expected,

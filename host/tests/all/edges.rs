@@ -99,29 +99,38 @@ async fn slow_headers_and_slow_bodies_are_cut_off() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_with_a_stalled_request_stops_by_the_deadline() {
     let db = crate::support::TestDb::new().await;
-    let port = crate::proxy::free_port();
     let mut child = Command::new(env!("CARGO_BIN_EXE_laurel"))
         .args(["serve", "--roles", "api"])
         .env("LAUREL_DATABASE_URL", &db.url)
-        .env("LAUREL_HTTP_ADDR", format!("127.0.0.1:{port}"))
+        .env("LAUREL_HTTP_ADDR", "127.0.0.1:0")
         .env("LAUREL_ADMIN_TOKEN", ADMIN)
         .env("LAUREL_HTTP_BODY_TIMEOUT_MS", "600000")
         .env("LAUREL_SHUTDOWN_TIMEOUT_MS", "2000")
         .env("LAUREL_LOG", "warn")
         .env_remove("LAUREL_KAFKA_BROKERS")
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .map(KillOnDrop)
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut stream = loop {
-        if let Ok(stream) = TcpStream::connect(("127.0.0.1", port)) {
-            break stream;
+    // The address it took (port 0), as it prints it.
+    let stdout = child.0.stdout.take().unwrap();
+    let (found, address) = std::sync::mpsc::channel();
+    // Read on (and keep reading: a closed pipe would fail its next print).
+    std::thread::spawn(move || {
+        for line in std::io::BufRead::lines(std::io::BufReader::new(stdout)).map_while(Result::ok) {
+            if let Some(addr) = line
+                .strip_prefix("HTTP API at http://")
+                .and_then(|rest| rest.split_whitespace().next())
+            {
+                let _ = found.send(addr.to_string());
+            }
         }
-        assert!(Instant::now() < deadline, "laurel serve did not listen");
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    });
+    let addr = address
+        .recv_timeout(Duration::from_secs(60))
+        .expect("laurel serve prints its address");
+    let mut stream = TcpStream::connect(&addr).unwrap();
     // A request whose body never finishes: a handler waits on it.
     write!(
         stream,

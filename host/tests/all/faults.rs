@@ -127,8 +127,13 @@ async fn postgres_restarted_and_backends_terminated_while_streaming_lose_nothing
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn broker_killed_and_started_again_ingest_carries_on() {
     const EVENTS: usize = 20_000;
-    let port = free_port();
-    let broker = processes::Broker::start_on(Some(port));
+    // A port free when picked may be taken before the broker binds it.
+    let (port, broker) = (0..20)
+        .find_map(|_| {
+            let port = free_port();
+            processes::Broker::try_start_on(Some(port)).map(|b| (port, b))
+        })
+        .expect("laurel dev kafka never kept a port");
     let brokers = format!("127.0.0.1:{port}");
     let db = TestDb::new().await;
     let mut store = db.store().await;

@@ -334,12 +334,11 @@ async fn an_empty_proxy_pool_delays_a_notification_and_never_spends_its_attempts
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deliveries_through_a_pool_wait_out_a_redis_outage_and_resume() {
     use crate::proxy::{
-        PrivateRedis, Rechecker, Tinyproxy, check_server, free_port, pool_config, pool_name,
-        wait_for,
+        PrivateRedis, Rechecker, Tinyproxy, check_server, pool_config, pool_name, wait_for,
     };
     use laurel::proxy::{ProxyPools, candidates};
-    let port = free_port();
-    let redis = PrivateRedis::start_on(port);
+    let redis = PrivateRedis::start_free(None);
+    let port = redis.port;
     let redis_url = redis.url();
     let proxy = Tinyproxy::start("tp-outage");
     let (url, seen) = via_receiver().await;

@@ -210,6 +210,11 @@ impl Broker {
 
     /// `laurel dev kafka`, also on 127.0.0.1:`port` if given.
     pub fn start_on(port: Option<u16>) -> Broker {
+        Broker::try_start_on(port).expect("laurel dev kafka prints its address")
+    }
+
+    /// None if it stopped without serving (its port was taken).
+    pub fn try_start_on(port: Option<u16>) -> Option<Broker> {
         let mut args = vec!["dev".to_string(), "kafka".to_string()];
         if let Some(port) = port {
             args.extend(["--port".to_string(), port.to_string()]);
@@ -224,17 +229,18 @@ impl Broker {
         let stdout = child.stdout.take().unwrap();
         let mut lines = BufReader::new(stdout).lines();
         let bootstrap = loop {
-            let line = lines
-                .next()
-                .expect("laurel dev kafka prints its address")
-                .unwrap();
+            let Some(Ok(line)) = lines.next() else {
+                let _ = child.kill();
+                let _ = child.wait();
+                return None;
+            };
             if let Some(address) = line.strip_prefix("LAUREL_KAFKA_BROKERS=") {
                 break address.to_string();
             }
         };
         // Keep draining its output.
         std::thread::spawn(move || for _ in lines {});
-        Broker { child, bootstrap }
+        Some(Broker { child, bootstrap })
     }
 }
 

@@ -231,8 +231,19 @@ pub fn free_port() -> u16 {
 }
 
 impl Tinyproxy {
+    /// On a free port. The port is free when picked, not when tinyproxy
+    /// binds it: another test's server may take it first (then tinyproxy
+    /// exits, and the port answers as something else). So: try again on
+    /// another port until tinyproxy itself holds one.
     pub fn start(name: &str) -> Tinyproxy {
-        Tinyproxy::start_on(name, free_port())
+        for _ in 0..20 {
+            let mut proxy = Tinyproxy::start_on(name, free_port());
+            std::thread::sleep(Duration::from_millis(150));
+            if let Ok(None) = proxy.child.try_wait() {
+                return proxy;
+            }
+        }
+        panic!("tinyproxy never kept a port")
     }
 
     /// On a given port (e.g. again where one was stopped).
@@ -683,6 +694,20 @@ impl PrivateRedis {
 
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// On a free port, tried again elsewhere if another test's server took
+    /// the port between its pick and redis-server's bind (see
+    /// `Tinyproxy::start`).
+    pub fn start_free(password: Option<&str>) -> PrivateRedis {
+        for _ in 0..20 {
+            let mut redis = PrivateRedis::start_with(free_port(), password);
+            std::thread::sleep(Duration::from_millis(150));
+            if let Ok(None) = redis.child.try_wait() {
+                return redis;
+            }
+        }
+        panic!("redis-server never kept a port")
     }
 }
 

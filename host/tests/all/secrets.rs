@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::proxy::{PrivateRedis, free_port};
+use crate::proxy::PrivateRedis;
 use crate::support::TestDb;
 
 const REDIS_PASSWORD: &str = "redis-pw-0f8e7d6c";
@@ -20,8 +20,8 @@ const ADMIN: &str = "admin-token-secrets-test";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn passwords_never_reach_a_response_or_a_log_line() {
-    let redis_port = free_port();
-    let redis = PrivateRedis::start_with(redis_port, Some(REDIS_PASSWORD));
+    let redis = PrivateRedis::start_free(Some(REDIS_PASSWORD));
+    let redis_port = redis.port;
     let db = TestDb::new().await;
     let db_url = db.url.replacen(
         "postgres://postgres@",
@@ -32,7 +32,6 @@ async fn passwords_never_reach_a_response_or_a_log_line() {
         db_url, db.url,
         "the test database URL has no password to add"
     );
-    let http_port = free_port();
     let mut child = Command::new(env!("CARGO_BIN_EXE_laurel"))
         .args(["serve", "--roles", "api,notify,proxies"])
         .env("LAUREL_DATABASE_URL", &db_url)
@@ -40,7 +39,7 @@ async fn passwords_never_reach_a_response_or_a_log_line() {
             "LAUREL_REDIS_URL",
             format!("redis://:{REDIS_PASSWORD}@127.0.0.1:{redis_port}"),
         )
-        .env("LAUREL_HTTP_ADDR", format!("127.0.0.1:{http_port}"))
+        .env("LAUREL_HTTP_ADDR", "127.0.0.1:0")
         .env("LAUREL_ADMIN_TOKEN", ADMIN)
         .env("LAUREL_WEBHOOK_BACKOFF_MS", "100")
         .env(
@@ -71,7 +70,23 @@ async fn passwords_never_reach_a_response_or_a_log_line() {
 
     let _ = rustls::crypto::ring::default_provider().install_default();
     let client = reqwest::Client::new();
-    let base = format!("http://127.0.0.1:{http_port}");
+    // The address it took (port 0: a free one), as it prints it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let base = loop {
+        let found = lines.lock().unwrap().iter().find_map(|l| {
+            l.strip_prefix("HTTP API at ")
+                .and_then(|rest| rest.split_whitespace().next())
+                .map(str::to_string)
+        });
+        if let Some(base) = found {
+            break base;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "laurel serve printed no address"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     let mut bodies: Vec<(String, u16, String)> = Vec::new();
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
     while client

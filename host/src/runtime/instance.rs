@@ -12,6 +12,10 @@ use super::bindings::{self, Contribution, ObjectiveState, Progress};
 use super::event::{Event, pack};
 use super::{Function, FunctionError, GuestState, MemoryLimitExceeded, Pre, TICK};
 
+/// Least time given to instantiate a component and create it from its
+/// config (a call gets its CPU budget).
+const INSTANTIATE_AT_LEAST: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// A world's bindings: how to instantiate it and create its resource.
 trait World: Sized + Send + Sync {
     fn instantiate(pre: &Pre, store: &mut Store<GuestState>) -> wasmtime::Result<Self>;
@@ -102,6 +106,7 @@ impl<W: World> Slot<W> {
         Ok(slot)
     }
 
+    /// Ticks of one call's CPU budget (wall time, counted in epochs).
     fn deadline_ticks(&self) -> u64 {
         let budget = self.function.runtime.limits.cpu_budget;
         (budget.as_micros() / TICK.as_micros()).max(1) as u64 + 1
@@ -123,7 +128,15 @@ impl<W: World> Slot<W> {
         let inner = &function.runtime;
         let mut store = Store::new(&inner.engine, GuestState::new(inner.limits.memory_bytes));
         store.limiter(|state| &mut state.limiter);
-        store.set_epoch_deadline(self.deadline_ticks());
+        // Instantiating and creating from config get at least a second:
+        // the deadline counts wall time (epochs), and on a loaded machine
+        // setting up an instance can take longer than one call's budget
+        // (seen: strategies failing "could not be instantiated: interrupt"
+        // for every user of a cycle). It happens once per instance; a
+        // creation that loops still ends.
+        let budget_ticks = self.deadline_ticks();
+        let setup_ticks = (INSTANTIATE_AT_LEAST.as_micros() / TICK.as_micros()) as u64 + 1;
+        store.set_epoch_deadline(budget_ticks.max(setup_ticks));
         let (pre, store_ref) = (&function.pre, &mut store);
         let world = outside_async(move || W::instantiate(pre, store_ref)).map_err(|e| {
             FunctionError::Instantiate {

@@ -244,7 +244,9 @@ pub fn validate(
 
 /// The sources a filter chain can match (the intersection of its filters'
 /// answers), or `None` when it can match any.
-pub fn sources_of(filters: &mut [Binding<FilterInstance>]) -> Option<BTreeSet<String>> {
+pub fn sources_of<'a>(
+    filters: impl IntoIterator<Item = &'a mut Binding<FilterInstance>>,
+) -> Option<BTreeSet<String>> {
     let mut sources: Option<BTreeSet<String>> = None;
     for filter in filters {
         if let Some(these) = filter.instance().sources() {

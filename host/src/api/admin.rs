@@ -19,8 +19,9 @@ use super::auth::{Caller, Role};
 use super::progress::{Audience, user_awards};
 use super::{ApiError, AppState, auth, body, json_body, number};
 use crate::definitions::{self, ApplyError, DefinitionError, PushError};
+use crate::ingest::Verdict;
 use crate::runtime::FunctionKind;
-use crate::store::{AuditEntry, LogRow, PushOutcome, Webhook};
+use crate::store::{AuditEntry, LogRecord, PushOutcome, Webhook};
 
 pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
     let function_limit = state.settings.max_function_bytes;
@@ -460,7 +461,21 @@ fn positive(query: &HashMap<String, String>, name: &str) -> Result<Option<i64>, 
 }
 
 /// A processing-log entry as the API shows it.
-pub(super) fn log_entry(r: &LogRow) -> Value {
+pub(super) fn log_entry(r: &LogRecord) -> Value {
+    // An exclusion is stored as data; in words: "award/objective: excluded
+    // by filter NAME", one per objective.
+    let reason = r.reason.clone().or_else(|| {
+        let words: Vec<String> = r
+            .exclusions()
+            .map(|(award, objective, filter)| {
+                let verdict = Verdict::Excluded {
+                    filter: filter.into(),
+                };
+                format!("{award}/{objective}: {verdict}")
+            })
+            .collect();
+        (!words.is_empty()).then(|| words.join("; "))
+    });
     json!({
         "id": r.id,
         "logged_at": time(r.logged_at),
@@ -469,7 +484,8 @@ pub(super) fn log_entry(r: &LogRow) -> Value {
         "award_id": r.award_id,
         "objective_id": r.objective_id,
         "outcome": r.outcome,
-        "reason": r.reason,
+        "reason": reason,
+        "excluded": r.excluded,
         "deltas": r.deltas,
         "functions": r.functions,
     })

@@ -8,13 +8,15 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::{Path, Query, State};
+use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::admin::{log_entry, time};
 use super::progress::{Audience, user_awards};
 use super::{ApiError, AppState};
-use crate::definitions;
-use crate::store::{ItemRow, LogRow};
+use crate::event::Envelope;
+use crate::ingest::{Plan, Verdict};
+use crate::store::{ItemRow, LogRecord};
 
 /// Recent events (and idle items) shown unless `?events=N` says otherwise.
 const EVENTS: i64 = 20;
@@ -56,30 +58,24 @@ pub async fn explain(
         .ok_or_else(|| ApiError::NotFound(format!("award {award_id} not found")))?;
     let counters = summary["objectives"].take();
 
-    // The sources each objective's filters admit (None: any), as ingest
-    // plans them.
-    let registry = Arc::clone(&state.registry);
-    let planned = award.clone();
-    let sources: Vec<Option<Vec<String>>> = tokio::task::spawn_blocking(move || {
-        planned
-            .objectives
-            .iter()
-            .map(|o| {
-                let mut filters: Vec<_> = o
-                    .filters
-                    .iter()
-                    .filter_map(|f| registry.bind_filter(&f.name, &f.config_text()).ok())
-                    .collect();
-                definitions::sources_of(&mut filters).map(|s| s.into_iter().collect())
-            })
-            .collect()
-    })
-    .await
-    .map_err(|e| ApiError::Unexpected(anyhow::anyhow!("planning the objectives failed: {e}")))?;
+    // The award's objectives bound as ingest binds them, with the sources
+    // each can see (None: any).
+    let (registry, planned) = (Arc::clone(&state.registry), award.clone());
+    let plan = tokio::task::spawn_blocking(move || Plan::for_award(&planned, &registry))
+        .await
+        .map_err(|e| {
+            ApiError::Unexpected(anyhow::anyhow!("planning the objectives failed: {e}"))
+        })?;
+    let objective_ids = award.objectives.iter().map(|o| o.id.clone()).collect();
+    let sources: Vec<Option<Vec<String>>> = plan
+        .sources()
+        .map(|s| s.map(|s| s.iter().cloned().collect()))
+        .collect();
 
     // The user's recent events from Kafka, run through each objective's
     // filters and rule again (current versions): which filter stops what.
-    let (evaluated, recent_note) = recent_events(&state, &award, &sources, &user_id, events).await;
+    let (evaluated, recent_note) =
+        recent_events(&state, plan, objective_ids, &sources, &user_id, events).await;
 
     let store = state.store().await?;
     let mut objectives = Vec::with_capacity(award.objectives.len());
@@ -116,7 +112,7 @@ pub async fn explain(
             "contributing_truncated": contributing.len() as i64 > CONTRIBUTING_MAX,
             "not_contributing": idle
                 .iter()
-                .map(|i| idle_item(i, &key, &idle_log, &objective.id, &evaluated))
+                .map(|i| idle_item(i, &award.id, &objective.id, &idle_log, &evaluated))
                 .collect::<Vec<_>>(),
         }));
     }
@@ -124,7 +120,8 @@ pub async fn explain(
     summary["objectives"] = Value::Array(objectives);
     summary["user_id"] = Value::String(user_id);
     summary["recent_events"] = recent.iter().map(log_entry).collect();
-    summary["recent_events_evaluated"] = Value::Array(evaluated);
+    summary["recent_events_evaluated"] = serde_json::to_value(&evaluated)
+        .map_err(|e| ApiError::Unexpected(anyhow::anyhow!("encoding the evaluated events: {e}")))?;
     if let Some(note) = recent_note {
         summary["recent_events_note"] = Value::String(note);
     }
@@ -145,46 +142,45 @@ fn contribution(item: &ItemRow) -> Value {
 }
 
 /// An item that contributes nothing, with the log's word on why when the
-/// log has one: a filter that stopped it, or a rule that could not use it.
+/// log has one: a filter that took it out, or why the objective could not
+/// use it; else its last event's verdict now, if that was just evaluated.
 fn idle_item(
     item: &ItemRow,
-    key: &str,
-    log: &[LogRow],
+    award_id: &str,
     objective_id: &str,
-    evaluated: &[Value],
+    log: &[LogRecord],
+    evaluated: &[EvaluatedEvent],
 ) -> Value {
-    // Its last event among those just evaluated: the answer, now.
-    let now = evaluated
-        .iter()
-        .find(|e| e["event_id"] == item.event_id.as_str())
-        .and_then(|e| {
-            e["objectives"]
-                .as_array()?
-                .iter()
-                .find(|o| o["objective_id"] == objective_id)
-                .and_then(|o| o["outcome"].as_str().map(str::to_string))
-        });
-    let (award, objective) = key.split_once('/').unwrap_or((key, ""));
-    let prefix = format!("{key}: ");
-    let why = log
+    let logged = log
         .iter()
         .filter(|r| r.event_id.as_deref() == Some(item.event_id.as_str()))
         .find_map(|r| {
-            let reason = r.reason.as_deref()?;
-            if r.award_id.as_deref() == Some(award) && r.objective_id.as_deref() == Some(objective)
+            if r.award_id.as_deref() == Some(award_id)
+                && r.objective_id.as_deref() == Some(objective_id)
             {
-                return Some(reason.to_string());
+                return r.reason.clone();
             }
-            reason
-                .split("; ")
-                .find_map(|part| part.strip_prefix(&prefix))
-                .map(str::to_string)
-        })
-        .or(now)
-        .unwrap_or_else(|| {
-            "its last event did not pass this objective's filters, or its rule counted nothing"
-                .to_string()
+            let filter = r.excluded_by(award_id, objective_id)?;
+            Some(
+                Verdict::Excluded {
+                    filter: filter.into(),
+                }
+                .to_string(),
+            )
         });
+    let now = || {
+        evaluated
+            .iter()
+            .find(|e| e.event_id == item.event_id)?
+            .objectives
+            .iter()
+            .find(|o| o.objective_id == objective_id)
+            .map(|o| o.outcome.clone())
+    };
+    let why = logged.or_else(now).unwrap_or_else(|| {
+        "its last event did not pass this objective's filters, or its rule counted nothing"
+            .to_string()
+    });
     json!({
         "source": item.source,
         "content_id": item.content_id,
@@ -192,6 +188,27 @@ fn idle_item(
         "occurred_at": time(item.occurred_at),
         "why": why,
     })
+}
+
+/// One of the user's recent events, as every objective sees it now.
+#[derive(Debug, Serialize)]
+struct EvaluatedEvent {
+    event_id: String,
+    source: String,
+    #[serde(rename = "type")]
+    event_type: String,
+    content_id: Option<String>,
+    status: Option<String>,
+    occurred_at: String,
+    objectives: Vec<ObjectiveVerdict>,
+}
+
+#[derive(Debug, Serialize)]
+struct ObjectiveVerdict {
+    objective_id: String,
+    /// The verdict in words.
+    outcome: String,
+    verdict: Verdict,
 }
 
 /// Messages read back per partition and source to find a user's recent
@@ -203,11 +220,12 @@ const SCAN_PER_PARTITION: i64 = 10_000;
 /// note when they could not be read.
 async fn recent_events(
     state: &Arc<AppState>,
-    award: &definitions::AwardDefinition,
+    mut plan: Plan,
+    objective_ids: Vec<String>,
     sources: &[Option<Vec<String>>],
     user_id: &str,
     limit: i64,
-) -> (Vec<Value>, Option<String>) {
+) -> (Vec<EvaluatedEvent>, Option<String>) {
     let Some(brokers) = state.settings.kafka_brokers.clone() else {
         return (
             Vec::new(),
@@ -232,142 +250,53 @@ async fn recent_events(
         match crate::ingest::recent_messages(&brokers, &source.topic, user_id, SCAN_PER_PARTITION)
             .await
         {
-            Ok(payloads) => envelopes.extend(
-                payloads
-                    .iter()
-                    .filter_map(|p| crate::event::Envelope::parse(p).ok()),
-            ),
+            Ok(payloads) => {
+                envelopes.extend(payloads.iter().filter_map(|p| Envelope::parse(p).ok()))
+            }
             Err(error) => problems.push(error),
         }
     }
     envelopes.sort_by_key(|e| std::cmp::Reverse(e.occurred_at));
     envelopes.truncate(limit.max(0) as usize);
-    let (award, registry) = (award.clone(), Arc::clone(&state.registry));
-    let evaluated = tokio::task::spawn_blocking(move || evaluate(&award, &registry, &envelopes))
-        .await
-        .unwrap_or_default();
+    let evaluated = tokio::task::spawn_blocking(move || {
+        let verdicts = plan.verdicts(&envelopes);
+        evaluated(&envelopes, &objective_ids, verdicts)
+    })
+    .await
+    .unwrap_or_default();
     let note = (!problems.is_empty()).then(|| problems.join("; "));
     (evaluated, note)
 }
 
-/// What each objective's filters and rule (current versions) make of
-/// What each objective's filters and rule (current versions) make of
-/// each event: each function bound once and called with the whole batch,
-/// filter by filter on what the previous ones passed, as ingest does.
-fn evaluate(
-    award: &definitions::AwardDefinition,
-    registry: &Arc<crate::registry::Registry>,
-    envelopes: &[crate::event::Envelope],
-) -> Vec<Value> {
-    let events: Vec<crate::runtime::Event> =
-        envelopes.iter().map(|e| e.to_function_event()).collect();
-    let outcomes: Vec<Vec<String>> = award
-        .objectives
-        .iter()
-        .map(|objective| outcomes(objective, registry, &events))
-        .collect();
+/// Each event with each objective's verdict on it (`verdicts` is
+/// `[objective][event]`).
+fn evaluated(
+    envelopes: &[Envelope],
+    objective_ids: &[String],
+    verdicts: Vec<Vec<Verdict>>,
+) -> Vec<EvaluatedEvent> {
+    let mut per_objective: Vec<_> = verdicts.into_iter().map(Vec::into_iter).collect();
     envelopes
         .iter()
-        .enumerate()
-        .map(|(index, envelope)| {
-            let objectives: Vec<Value> = award
-                .objectives
+        .map(|envelope| EvaluatedEvent {
+            event_id: envelope.id.clone(),
+            source: envelope.source.clone(),
+            event_type: envelope.event_type.clone(),
+            content_id: envelope.content_id.clone(),
+            status: envelope.status.clone(),
+            occurred_at: time(envelope.occurred_at),
+            objectives: objective_ids
                 .iter()
-                .zip(&outcomes)
-                .map(|(objective, outcomes)| {
-                    json!({"objective_id": objective.id, "outcome": outcomes[index]})
-                })
-                .collect();
-            json!({
-                "event_id": envelope.id,
-                "source": envelope.source,
-                "type": envelope.event_type,
-                "content_id": envelope.content_id,
-                "status": envelope.status,
-                "occurred_at": time(envelope.occurred_at),
-                "objectives": objectives,
-            })
-        })
-        .collect()
-}
-
-/// One objective's outcome for each of `events`.
-fn outcomes(
-    objective: &definitions::ObjectiveDefinition,
-    registry: &Arc<crate::registry::Registry>,
-    events: &[crate::runtime::Event],
-) -> Vec<String> {
-    let mut outcomes: Vec<Option<String>> = vec![None; events.len()];
-    let mut passing: Vec<usize> = (0..events.len()).collect();
-    for filter in &objective.filters {
-        if passing.is_empty() {
-            break;
-        }
-        let answers = registry
-            .bind_filter(&filter.name, &filter.config_text())
-            .map_err(|e| e.to_string())
-            .and_then(|mut b| {
-                b.instance()
-                    .matches(passing.iter().map(|&i| &events[i]))
-                    .map_err(|e| e.to_string())
-            });
-        match answers {
-            Ok(answers) => {
-                passing = passing
-                    .into_iter()
-                    .zip(answers)
-                    .filter_map(|(i, ok)| {
-                        if !ok {
-                            outcomes[i] = Some(format!("excluded by filter {}", filter.name));
-                        }
-                        ok.then_some(i)
+                .zip(&mut per_objective)
+                .filter_map(|(objective_id, verdicts)| {
+                    let verdict = verdicts.next()?;
+                    Some(ObjectiveVerdict {
+                        objective_id: objective_id.clone(),
+                        outcome: verdict.to_string(),
+                        verdict,
                     })
-                    .collect();
-            }
-            Err(error) => {
-                for &i in &passing {
-                    outcomes[i] = Some(format!("filter {} failed: {error}", filter.name));
-                }
-                passing.clear();
-            }
-        }
-    }
-    if !passing.is_empty() {
-        let rule = &objective.rule;
-        let answers = registry
-            .bind_rule(&rule.name, &rule.config_text())
-            .map_err(|e| e.to_string())
-            .and_then(|mut b| {
-                b.instance()
-                    .contribute(passing.iter().map(|&i| &events[i]))
-                    .map_err(|e| e.to_string())
-            });
-        match answers {
-            Ok(answers) => {
-                for (&i, answer) in passing.iter().zip(answers) {
-                    outcomes[i] = Some(match answer {
-                        Ok(Some(contribution)) => {
-                            let counters: Vec<String> = contribution
-                                .counters
-                                .iter()
-                                .map(|c| format!("{} {}", c.name, c.value))
-                                .collect();
-                            format!("rule {} counts {}", rule.name, counters.join(", "))
-                        }
-                        Ok(None) => format!("rule {} counts nothing", rule.name),
-                        Err(reason) => format!("rule {} refused it: {reason}", rule.name),
-                    });
-                }
-            }
-            Err(error) => {
-                for &i in &passing {
-                    outcomes[i] = Some(format!("rule {} failed: {error}", rule.name));
-                }
-            }
-        }
-    }
-    outcomes
-        .into_iter()
-        .map(Option::unwrap_or_default)
+                })
+                .collect(),
+        })
         .collect()
 }

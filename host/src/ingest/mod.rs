@@ -13,12 +13,14 @@
 mod kafka;
 mod plan;
 mod replay;
+mod verdict;
 
 pub use kafka::{
     EventPublisher, LocalBroker, check_brokers, consumer_lag, producer, publish, recent_messages,
 };
 pub use plan::{Evaluation, Plan, Scope};
 pub use replay::{ReplayReport, replay};
+pub use verdict::Verdict;
 
 use kafka::DeadLetters;
 

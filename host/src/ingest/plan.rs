@@ -2,7 +2,9 @@
 //! filter chains and rules of those objectives, run through Wasm in batches.
 //!
 //! Pure apart from the function calls: no Kafka, no database. Runs on a
-//! blocking thread.
+//! blocking thread. Each objective answers each event with a typed
+//! [`Verdict`]; ingest turns verdicts into counter effects
+//! ([`Plan::evaluate`]) and explain shows them ([`Plan::verdicts`]).
 //!
 //! A failing function affects its own objective only: when a filter or
 //! rule traps, times out or is quarantined, or an objective cannot be bound
@@ -16,32 +18,33 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 use tracing::warn;
 
-use crate::definitions::AwardDefinition;
+use super::Verdict;
+use crate::definitions::{AwardDefinition, ObjectiveDefinition, sources_of};
 use crate::event::Envelope;
-use crate::registry::{Binding, Registry};
+use crate::registry::{Binding, BoundInstance, Registry};
 use crate::runtime::{Contribution, Event, FilterInstance, FunctionError, RuleInstance};
 use crate::store::{Counters, Effect, LogEntry, Outcome};
 
 /// A function of an objective, bound to its current version, or why it
 /// cannot be.
-enum Bound<I> {
-    Ready(Binding<I>),
-    Broken { name: String, reason: Arc<str> },
+struct Bound<I> {
+    name: Arc<str>,
+    binding: Result<Binding<I>, Arc<str>>,
 }
 
-impl<I: crate::registry::BoundInstance> Bound<I> {
-    fn name(&self) -> &str {
-        match self {
-            Bound::Ready(binding) => binding.name(),
-            Bound::Broken { name, .. } => name,
-        }
+impl<I: BoundInstance> Bound<I> {
+    fn ready(&mut self) -> Option<&mut Binding<I>> {
+        self.binding.as_mut().ok()
     }
 
     fn broken(&self) -> Option<&Arc<str>> {
-        match self {
-            Bound::Broken { reason, .. } => Some(reason),
-            Bound::Ready(_) => None,
-        }
+        self.binding.as_ref().err()
+    }
+
+    /// The version that decides, for the processing log (None: unbound).
+    fn version(&self) -> Option<i32> {
+        let binding = self.binding.as_ref().ok()?;
+        Some(binding.current_function().version)
     }
 }
 
@@ -51,6 +54,8 @@ struct ObjectivePlan {
     objective_id: String,
     filters: Vec<Bound<FilterInstance>>,
     rule: Bound<RuleInstance>,
+    /// The sources its bound filters can match (None: any).
+    sources: Option<BTreeSet<String>>,
 }
 
 /// Which objectives an event is evaluated for.
@@ -65,7 +70,8 @@ pub enum Scope {
     },
 }
 
-/// The objectives a source's events can reach.
+/// The objectives a source's events can reach (or an award's objectives,
+/// for explain), each bound to its functions' current versions.
 pub struct Plan {
     objectives: Vec<ObjectivePlan>,
     /// Objectives that cannot be bound now, with the reason: their events
@@ -84,52 +90,40 @@ pub struct Evaluation {
 impl Plan {
     /// Binds every objective of `awards` whose filters can match `source`.
     pub fn build(source: &str, awards: &[AwardDefinition], registry: &Arc<Registry>) -> Plan {
-        let mut objectives = Vec::new();
-        let mut unbound = Vec::new();
+        let mut plan = Plan {
+            objectives: Vec::new(),
+            unbound: Vec::new(),
+        };
         for award in awards {
             for objective in &award.objectives {
-                let where_ = |error: &dyn std::fmt::Display| -> Arc<str> {
-                    format!("award {}, objective {}: {error}", award.id, objective.id).into()
-                };
-                let mut filters: Vec<Bound<FilterInstance>> = objective
-                    .filters
-                    .iter()
-                    .map(|f| match registry.bind_filter(&f.name, &f.config_text()) {
-                        Ok(binding) => Bound::Ready(binding),
-                        Err(error) => Bound::Broken {
-                            name: f.name.clone(),
-                            reason: where_(&error),
-                        },
-                    })
-                    .collect();
+                let bound = ObjectivePlan::bind(award, objective, registry);
                 // Filters that name their sources decide whether this
                 // objective can see this source, bound or not the others.
-                if let Some(sources) = sources_of(&mut filters)
-                    && !sources.contains(source)
-                {
+                if bound.sources.as_ref().is_some_and(|s| !s.contains(source)) {
                     continue;
                 }
-                let rule =
-                    match registry.bind_rule(&objective.rule.name, &objective.rule.config_text()) {
-                        Ok(binding) => Bound::Ready(binding),
-                        Err(error) => Bound::Broken {
-                            name: objective.rule.name.clone(),
-                            reason: where_(&error),
-                        },
-                    };
-                let plan = ObjectivePlan {
-                    award_id: award.id.clone(),
-                    objective_id: objective.id.clone(),
-                    filters,
-                    rule,
-                };
-                if let Some(reason) = plan.broken() {
+                if let Some(reason) = bound.broken() {
                     warn!(message = "Objective cannot be bound; its events are held for it.", source = %source, error = %reason);
-                    unbound.push(reason.to_string());
+                    plan.unbound.push(reason.to_string());
                 }
-                objectives.push(plan);
+                plan.objectives.push(bound);
             }
         }
+        plan
+    }
+
+    /// Binds every objective of one award, whatever its sources: explain
+    /// runs an event of any source through every filter.
+    pub fn for_award(award: &AwardDefinition, registry: &Arc<Registry>) -> Plan {
+        let objectives: Vec<ObjectivePlan> = award
+            .objectives
+            .iter()
+            .map(|objective| ObjectivePlan::bind(award, objective, registry))
+            .collect();
+        let unbound = objectives
+            .iter()
+            .filter_map(|o| o.broken().map(ToString::to_string))
+            .collect();
         Plan {
             objectives,
             unbound,
@@ -138,6 +132,21 @@ impl Plan {
 
     pub fn objective_count(&self) -> usize {
         self.objectives.len()
+    }
+
+    /// Each objective's sources (None: any), in plan order.
+    pub fn sources(&self) -> impl Iterator<Item = Option<&BTreeSet<String>>> {
+        self.objectives.iter().map(|o| o.sources.as_ref())
+    }
+
+    /// What each objective makes of each event: `[objective][event]`.
+    pub fn verdicts(&mut self, envelopes: &[Envelope]) -> Vec<Vec<Verdict>> {
+        let events: Vec<Event> = envelopes.iter().map(Envelope::to_function_event).collect();
+        let all: Vec<usize> = (0..events.len()).collect();
+        self.objectives
+            .iter_mut()
+            .map(|objective| objective.verdicts(&events, &all))
+            .collect()
     }
 
     /// Evaluates decoded, admitted events (in stream order) for every
@@ -155,8 +164,8 @@ impl Plan {
     ) -> Evaluation {
         let events: Vec<Event> = envelopes.iter().map(Envelope::to_function_event).collect();
         let mut evaluation = Evaluation::default();
-        // Per objective, the answer for each event (None: out of scope).
-        let mut answers: Vec<Vec<Option<Answer>>> = Vec::with_capacity(self.objectives.len());
+        // Per objective, the verdict on each event (None: out of scope).
+        let mut verdicts: Vec<Vec<Option<Verdict>>> = Vec::with_capacity(self.objectives.len());
         let mut versions: Vec<Arc<Value>> = Vec::with_capacity(self.objectives.len());
         for objective in &mut self.objectives {
             let in_scope: Vec<usize> = match scopes {
@@ -165,33 +174,36 @@ impl Plan {
                     .filter(|&i| objective.is_in(&scopes[i]))
                     .collect(),
             };
-            let functions = Arc::new(objective.functions());
-            versions.push(functions.clone());
-            let mut these: Vec<Option<Answer>> = (0..events.len()).map(|_| None).collect();
+            versions.push(Arc::new(objective.functions()));
+            let mut these: Vec<Option<Verdict>> = (0..events.len()).map(|_| None).collect();
             if !in_scope.is_empty() {
-                for (index, answer) in in_scope.iter().zip(objective.answers(&events, &in_scope)) {
-                    these[*index] = Some(answer);
+                let judged = objective.verdicts(&events, &in_scope);
+                for (index, verdict) in in_scope.iter().zip(judged) {
+                    these[*index] = Some(verdict);
                 }
             }
-            answers.push(these);
+            verdicts.push(these);
         }
         // Stream order: event by event, objective by objective.
         for (position, envelope) in envelopes.iter().enumerate() {
             for ((objective, these), functions) in
-                self.objectives.iter().zip(&mut answers).zip(&versions)
+                self.objectives.iter().zip(&mut verdicts).zip(&versions)
             {
-                let effect = match these[position].take() {
-                    Some(Answer::Effect(effect)) => effect,
-                    Some(Answer::Unusable(reason)) => {
-                        evaluation.log.push(objective.unusable(
+                let Some(verdict) = these[position].take() else {
+                    continue;
+                };
+                let effect = match effect(verdict, envelope) {
+                    Ok(Some(effect)) => effect,
+                    Ok(None) => continue,
+                    Err(reason) => {
+                        evaluation.log.push(objective.refused(
                             indexes[position],
                             envelope,
-                            &reason,
+                            reason,
                             functions,
                         ));
                         continue;
                     }
-                    Some(Answer::Nothing) | None => continue,
                 };
                 evaluation.outcomes.push(Outcome {
                     index: indexes[position],
@@ -210,30 +222,68 @@ impl Plan {
     }
 }
 
-/// The sources the bound filters can match (None: any).
-fn sources_of(filters: &mut [Bound<FilterInstance>]) -> Option<BTreeSet<String>> {
-    let mut sources: Option<BTreeSet<String>> = None;
-    for filter in filters {
-        if let Bound::Ready(binding) = filter
-            && let Some(these) = binding.instance().sources()
-        {
-            let these: BTreeSet<String> = these.iter().cloned().collect();
-            sources = Some(match sources {
-                Some(previous) => previous.intersection(&these).cloned().collect(),
-                None => these,
-            });
-        }
-    }
-    sources
-}
-
-enum Answer {
-    Effect(Effect),
-    Nothing,
-    Unusable(String),
+/// What a verdict changes in the counters (None: nothing), or the reason
+/// the rule refused the event, for the log.
+fn effect(verdict: Verdict, envelope: &Envelope) -> Result<Option<Effect>, String> {
+    Ok(Some(match verdict {
+        // An event without a content item never counted: nothing to undo.
+        Verdict::Excluded { .. } if envelope.content_id.is_none() => return Ok(None),
+        Verdict::Excluded { filter } => Effect::Excluded { filter },
+        Verdict::Counted {
+            counters,
+            additive: true,
+            ..
+        } => Effect::Additive { counters },
+        Verdict::Counted {
+            counters,
+            dedup_key,
+            additive: false,
+            ..
+        } => Effect::Contribution {
+            counters,
+            dedup_key,
+        },
+        Verdict::Nothing { .. } => return Ok(None),
+        Verdict::Refused { rule, reason } => return Err(format!("rule {rule}: {reason}")),
+        Verdict::Held { reason } => Effect::Held { reason },
+    }))
 }
 
 impl ObjectivePlan {
+    fn bind(
+        award: &AwardDefinition,
+        objective: &ObjectiveDefinition,
+        registry: &Arc<Registry>,
+    ) -> ObjectivePlan {
+        let where_ = |error: &dyn std::fmt::Display| -> Arc<str> {
+            format!("award {}, objective {}: {error}", award.id, objective.id).into()
+        };
+        let mut filters: Vec<Bound<FilterInstance>> = objective
+            .filters
+            .iter()
+            .map(|f| Bound {
+                name: f.name.as_str().into(),
+                binding: registry
+                    .bind_filter(&f.name, &f.config_text())
+                    .map_err(|error| where_(&error)),
+            })
+            .collect();
+        let sources = sources_of(filters.iter_mut().filter_map(Bound::ready));
+        let rule = Bound {
+            name: objective.rule.name.as_str().into(),
+            binding: registry
+                .bind_rule(&objective.rule.name, &objective.rule.config_text())
+                .map_err(|error| where_(&error)),
+        };
+        ObjectivePlan {
+            award_id: award.id.clone(),
+            objective_id: objective.id.clone(),
+            filters,
+            rule,
+            sources,
+        }
+    }
+
     fn is_in(&self, scope: &Scope) -> bool {
         match scope {
             Scope::All => true,
@@ -252,16 +302,16 @@ impl ObjectivePlan {
             .or_else(|| self.rule.broken())
     }
 
-    /// The answers for `events[i]`, i in `in_scope`. A function failing on
+    /// The verdicts on `events[i]`, i in `in_scope`. A function failing on
     /// the batch is tried event by event to find the events it fails on:
     /// those are held for this objective, the rest go ahead.
-    fn answers(&mut self, events: &[Event], in_scope: &[usize]) -> Vec<Answer> {
+    fn verdicts(&mut self, events: &[Event], in_scope: &[usize]) -> Vec<Verdict> {
         match self.run(events, in_scope) {
-            Ok(answers) => answers,
+            Ok(verdicts) => verdicts,
             Err(_) if in_scope.len() > 1 => in_scope
                 .iter()
                 .map(|&index| match self.run(events, &[index]) {
-                    Ok(mut answer) => answer.pop().unwrap_or(Answer::Nothing),
+                    Ok(mut verdict) => verdict.pop().unwrap_or_else(|| self.nothing()),
                     Err(error) => self.held(&error),
                 })
                 .collect(),
@@ -269,22 +319,28 @@ impl ObjectivePlan {
         }
     }
 
-    fn held(&self, error: &FunctionError) -> Answer {
-        Answer::Effect(Effect::Held {
+    fn held(&self, error: &FunctionError) -> Verdict {
+        Verdict::Held {
             reason: format!(
                 "award {}, objective {}: {error}",
                 self.award_id, self.objective_id
             )
             .into(),
-        })
+        }
+    }
+
+    fn nothing(&self) -> Verdict {
+        Verdict::Nothing {
+            rule: self.rule.name.clone(),
+        }
     }
 
     /// The log entry for an event the rule says it cannot use.
-    fn unusable(
+    fn refused(
         &self,
         index: usize,
         envelope: &Envelope,
-        reason: &str,
+        reason: String,
         functions: &Arc<Value>,
     ) -> LogEntry {
         LogEntry {
@@ -294,7 +350,7 @@ impl ObjectivePlan {
             award_id: Some(self.award_id.clone()),
             objective_id: Some(self.objective_id.clone()),
             outcome: "rejected",
-            reason: format!("rule {}: {reason}", self.rule.name()),
+            reason,
             functions: Some(functions.clone()),
         }
     }
@@ -303,107 +359,103 @@ impl ObjectivePlan {
     /// (null for a function that cannot be bound).
     fn functions(&self) -> Value {
         let mut map = serde_json::Map::new();
-        let functions = self
+        for function in self
             .filters
             .iter()
-            .map(|f| match f {
-                Bound::Ready(b) => (b.name(), Some(b.current_function().version)),
-                Bound::Broken { name, .. } => (name.as_str(), None),
-            })
-            .chain([match &self.rule {
-                Bound::Ready(b) => (b.name(), Some(b.current_function().version)),
-                Bound::Broken { name, .. } => (name.as_str(), None),
-            }]);
-        for (name, version) in functions {
-            map.insert(name.to_string(), json!(version));
+            .map(|f| (&f.name, f.version()))
+            .chain([(&self.rule.name, self.rule.version())])
+        {
+            map.insert(function.0.to_string(), json!(function.1));
         }
         Value::Object(map)
     }
 
     /// Filters (each sees only what the previous passed), then the rule,
-    /// for `events[i]`, i in `in_scope`; one answer per such event.
-    fn run(&mut self, events: &[Event], in_scope: &[usize]) -> Result<Vec<Answer>, FunctionError> {
+    /// for `events[i]`, i in `in_scope`; one verdict per such event.
+    fn run(&mut self, events: &[Event], in_scope: &[usize]) -> Result<Vec<Verdict>, FunctionError> {
         let mut passing: Vec<usize> = (0..in_scope.len()).collect();
         let event = |p: usize| &events[in_scope[p]];
-        // A content item that no longer passes contributes nothing now; the
-        // filter that stopped it is named in the processing log.
-        let mut answers: Vec<Answer> = in_scope.iter().map(|_| Answer::Nothing).collect();
+        let mut verdicts: Vec<Verdict> = in_scope.iter().map(|_| self.nothing()).collect();
         for filter in &mut self.filters {
             if passing.is_empty() {
                 break;
             }
-            let filter = match filter {
-                Bound::Ready(binding) => binding,
-                Bound::Broken { reason, .. } => return Ok(held(answers, &passing, reason)),
+            let name = &filter.name;
+            let binding = match &mut filter.binding {
+                Ok(binding) => binding,
+                Err(reason) => return Ok(held(verdicts, &passing, reason)),
             };
-            let answers_here = filter
+            let answers = binding
                 .instance()
                 .matches(passing.iter().map(|&p| event(p)))?;
-            let mut excluded_by: Option<Arc<str>> = None;
             let mut still = Vec::with_capacity(passing.len());
-            for (p, ok) in passing.into_iter().zip(answers_here) {
+            for (p, ok) in passing.into_iter().zip(answers) {
                 if ok {
                     still.push(p);
-                } else if event(p).content_id.is_some() {
-                    let by = excluded_by
-                        .get_or_insert_with(|| format!("filter {}", filter.name()).into());
-                    answers[p] = Answer::Effect(Effect::Excluded { by: by.clone() });
+                } else {
+                    verdicts[p] = Verdict::Excluded {
+                        filter: name.clone(),
+                    };
                 }
             }
             passing = still;
         }
         if passing.is_empty() {
-            return Ok(answers);
+            return Ok(verdicts);
         }
-        let rule = match &mut self.rule {
-            Bound::Ready(binding) => binding,
-            Bound::Broken { reason, .. } => return Ok(held(answers, &passing, reason)),
+        let rule = self.rule.name.clone();
+        let binding = match &mut self.rule.binding {
+            Ok(binding) => binding,
+            Err(reason) => return Ok(held(verdicts, &passing, reason)),
         };
-        let contributions = rule
+        let contributions = binding
             .instance()
             .contribute(passing.iter().map(|&p| event(p)))?;
         for (p, contribution) in passing.into_iter().zip(contributions) {
-            answers[p] = match contribution {
-                Ok(Some(c)) => effect(event(p), c),
-                Ok(None) => Answer::Nothing,
-                Err(reason) => Answer::Unusable(reason),
+            verdicts[p] = match contribution {
+                Ok(Some(c)) => counted(&rule, event(p), c),
+                Ok(None) => Verdict::Nothing { rule: rule.clone() },
+                Err(reason) => Verdict::Refused {
+                    rule: rule.clone(),
+                    reason,
+                },
             };
         }
-        Ok(answers)
+        Ok(verdicts)
     }
 }
 
-/// `answers` with every event still passing held (a function of the chain
+/// `verdicts` with every event still passing held (a function of the chain
 /// cannot be bound).
-fn held(mut answers: Vec<Answer>, passing: &[usize], reason: &Arc<str>) -> Vec<Answer> {
+fn held(mut verdicts: Vec<Verdict>, passing: &[usize], reason: &Arc<str>) -> Vec<Verdict> {
     for &p in passing {
-        answers[p] = Answer::Effect(Effect::Held {
+        verdicts[p] = Verdict::Held {
             reason: reason.clone(),
-        });
+        };
     }
-    answers
+    verdicts
 }
 
-fn effect(event: &Event, contribution: Contribution) -> Answer {
+fn counted(rule: &Arc<str>, event: &Event, contribution: Contribution) -> Verdict {
     let mut counters = Counters::new();
     for counter in contribution.counters {
         let total = counters.entry(counter.name).or_insert(0);
         match total.checked_add(counter.value) {
             Some(sum) => *total = sum,
             None => {
-                return Answer::Unusable(
-                    "the rule named one counter several times and the sum overflows".to_string(),
-                );
+                return Verdict::Refused {
+                    rule: rule.clone(),
+                    reason: "the rule named one counter several times and the sum overflows"
+                        .to_string(),
+                };
             }
         }
     }
-    if contribution.additive || event.content_id.is_none() {
+    Verdict::Counted {
+        rule: rule.clone(),
+        counters,
+        dedup_key: contribution.dedup_key,
         // Without a content item there is nothing to replace: it can only add.
-        Answer::Effect(Effect::Additive { counters })
-    } else {
-        Answer::Effect(Effect::Contribution {
-            counters,
-            dedup_key: contribution.dedup_key,
-        })
+        additive: contribution.additive || event.content_id.is_none(),
     }
 }

@@ -43,8 +43,8 @@ pub enum Effect {
     /// Add these counters once (an analytics event).
     Additive { counters: Counters },
     /// The content item no longer passes the objective's filters: it
-    /// contributes nothing now. `by` names the filter that stopped it.
-    Excluded { by: Arc<str> },
+    /// contributes nothing now. `filter` names the filter that stopped it.
+    Excluded { filter: Arc<str> },
     /// The objective could not decide (a function failed, is quarantined
     /// or cannot be bound): nothing changes there now, and the event is
     /// kept for replay for this objective.
@@ -857,10 +857,14 @@ async fn write_log(
         .iter()
         .map(|r| r.functions.as_deref().map(JsonText))
         .collect();
+    let excluded: Vec<Option<JsonText<'_>>> = rows
+        .iter()
+        .map(|r| r.excluded.as_deref().map(JsonText))
+        .collect();
     tx.execute(
-        "INSERT INTO processing_log (source, event_id, user_id, award_id, objective_id, outcome, reason, deltas, functions)
-         SELECT $1, * FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::jsonb[], $9::jsonb[])",
-        &[&source, &event, &user, &award, &objective, &outcome, &reason, &deltas, &functions],
+        "INSERT INTO processing_log (source, event_id, user_id, award_id, objective_id, outcome, reason, deltas, functions, excluded)
+         SELECT $1, * FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::jsonb[], $9::jsonb[], $10::jsonb[])",
+        &[&source, &event, &user, &award, &objective, &outcome, &reason, &deltas, &functions, &excluded],
     )
     .await
     .context("writing the processing log")?;

@@ -31,7 +31,7 @@ pub use migrations::MIGRATIONS;
 pub use notifications::{Delivery, NotificationRow, Webhook};
 pub use pool::{PoolError, PooledStore, StorePool};
 pub use proxies::{CandidateRow, ProxyPoolRow};
-pub use users::{ItemRow, LogRow};
+pub use users::{ItemRow, LogRecord};
 
 use std::time::Duration;
 

@@ -7,7 +7,7 @@ use super::{QueryContext, Store, StoreError};
 
 /// One processing-log entry as stored.
 #[derive(Debug, Clone)]
-pub struct LogRow {
+pub struct LogRecord {
     pub id: i64,
     pub logged_at: DateTime<Utc>,
     pub source: String,
@@ -21,6 +21,36 @@ pub struct LogRow {
     pub deltas: Option<Value>,
     /// The function versions that decided, `{award: {objective: [..]}}`.
     pub functions: Option<Value>,
+    /// For an applied event whose content item a filter now stops (where
+    /// that moved counters): `{award: {objective: filter}}`.
+    pub excluded: Option<Value>,
+}
+
+impl LogRecord {
+    /// The filter that took this event's content item out of an
+    /// objective, if one did.
+    pub fn excluded_by(&self, award_id: &str, objective_id: &str) -> Option<&str> {
+        self.excluded
+            .as_ref()?
+            .get(award_id)?
+            .get(objective_id)?
+            .as_str()
+    }
+
+    /// Every (award, objective, filter) this event's item was taken out of.
+    pub fn exclusions(&self) -> impl Iterator<Item = (&str, &str, &str)> {
+        self.excluded
+            .as_ref()
+            .and_then(Value::as_object)
+            .into_iter()
+            .flatten()
+            .filter_map(|(award, objectives)| Some((award, objectives.as_object()?)))
+            .flat_map(|(award, objectives)| {
+                objectives
+                    .iter()
+                    .filter_map(move |(o, f)| Some((award.as_str(), o.as_str(), f.as_str()?)))
+            })
+    }
 }
 
 /// A content item of a user, as explain reads it.
@@ -36,11 +66,10 @@ pub struct ItemRow {
     pub share: Option<Value>,
 }
 
-const LOG_COLUMNS: &str =
-    "id, logged_at, source, event_id, award_id, objective_id, outcome, reason, deltas, functions";
+const LOG_COLUMNS: &str = "id, logged_at, source, event_id, award_id, objective_id, outcome, reason, deltas, functions, excluded";
 
-fn log_row(r: &tokio_postgres::Row) -> LogRow {
-    LogRow {
+fn log_record(r: &tokio_postgres::Row) -> LogRecord {
+    LogRecord {
         id: r.get(0),
         logged_at: r.get(1),
         source: r.get(2),
@@ -51,6 +80,7 @@ fn log_row(r: &tokio_postgres::Row) -> LogRow {
         reason: r.get(7),
         deltas: r.get(8),
         functions: r.get(9),
+        excluded: r.get(10),
     }
 }
 
@@ -82,7 +112,7 @@ impl Store {
         user_id: &str,
         before: Option<i64>,
         limit: i64,
-    ) -> Result<Vec<LogRow>, StoreError> {
+    ) -> Result<Vec<LogRecord>, StoreError> {
         self.log_rows(
             "user_id = $1 AND id < coalesce($2, 9223372036854775807) ORDER BY id DESC LIMIT $3",
             &[&user_id, &before, &limit],
@@ -98,7 +128,7 @@ impl Store {
         user_id: &str,
         award_id: &str,
         limit: i64,
-    ) -> Result<Vec<LogRow>, StoreError> {
+    ) -> Result<Vec<LogRecord>, StoreError> {
         self.log_rows(
             "user_id = $1
                AND (award_id = $2 OR (award_id IS NULL AND (deltas IS NULL OR deltas ? $2)))
@@ -113,7 +143,7 @@ impl Store {
         &self,
         user_id: &str,
         event_ids: &[&str],
-    ) -> Result<Vec<LogRow>, StoreError> {
+    ) -> Result<Vec<LogRecord>, StoreError> {
         self.log_rows(
             "user_id = $1 AND event_id = ANY($2) ORDER BY id DESC",
             &[&user_id, &event_ids],
@@ -168,7 +198,7 @@ impl Store {
         &self,
         condition: &str,
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
-    ) -> Result<Vec<LogRow>, StoreError> {
+    ) -> Result<Vec<LogRecord>, StoreError> {
         let rows = self
             .client()
             .query(
@@ -177,7 +207,7 @@ impl Store {
             )
             .await
             .context("reading a user's processing log")?;
-        Ok(rows.iter().map(log_row).collect())
+        Ok(rows.iter().map(log_record).collect())
     }
 
     /// Answers if PostgreSQL does (health checks).

@@ -1676,6 +1676,27 @@ async fn explain_says_which_items_count_and_which_filter_stopped_the_others() {
         blocked["reason"],
         "active-photos/photos: excluded by filter StatusFilter"
     );
+    // Stored as data, not as words: explain reads the filter from it.
+    assert_eq!(
+        blocked["excluded"],
+        json!({"active-photos": {"photos": "StatusFilter"}})
+    );
+    let stored: (Option<String>, Value) = {
+        let row =
+            p.db.sql()
+                .await
+                .query_one(
+                    "SELECT reason, excluded FROM processing_log WHERE event_id = 'e-4'",
+                    &[],
+                )
+                .await
+                .unwrap();
+        (row.get(0), row.get(1))
+    };
+    assert_eq!(
+        stored,
+        (None, json!({"active-photos": {"photos": "StatusFilter"}}))
+    );
     // The user's recent events, each as every objective sees it now.
     let evaluated = body["recent_events_evaluated"].as_array().unwrap();
     let seen = |id: &str| -> Vec<String> {
@@ -1703,6 +1724,17 @@ async fn explain_says_which_items_count_and_which_filter_stopped_the_others() {
             "rule ContentStatusRule counts approved 1",
             "excluded by filter SourceFilter"
         ]
+    );
+    // Each outcome is the words of a typed verdict, shown beside them.
+    let e2 = evaluated.iter().find(|e| e["event_id"] == "e-2").unwrap();
+    assert_eq!(
+        e2["objectives"][0]["verdict"],
+        json!({"kind": "counted", "rule": "ContentStatusRule",
+               "counters": {"approved": 1}, "additive": false})
+    );
+    assert_eq!(
+        e2["objectives"][1]["verdict"],
+        json!({"kind": "excluded", "filter": "SourceFilter"})
     );
     assert_eq!(
         seen("e-7"),

@@ -1,6 +1,7 @@
 //! Shared test helpers.
 
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
 
 use laurel::event::Envelope;
 use laurel::library;
@@ -52,10 +53,13 @@ fn server_url() -> String {
 }
 
 /// A database of its own for one test; dropped by [`TestDb::drop_database`].
+/// A database of the test's own, dropped when the test ends (passed or
+/// failed).
 pub struct TestDb {
     pub url: String,
     name: String,
     server: String,
+    dropped: bool,
 }
 
 impl TestDb {
@@ -83,6 +87,7 @@ impl TestDb {
             url,
             name,
             server: server.to_string(),
+            dropped: false,
         }
     }
 
@@ -100,16 +105,46 @@ impl TestDb {
         connect(&self.url).await
     }
 
-    pub async fn drop_database(self) {
-        let admin = connect(&format!("{}/postgres", self.server)).await;
-        admin
-            .batch_execute(&format!(
-                "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",
-                self.name
-            ))
+    pub async fn drop_database(mut self) {
+        self.dropped = true;
+        drop_database(&self.server, &self.name)
             .await
             .expect("drop test database");
     }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        if self.dropped {
+            return;
+        }
+        // Drop cannot wait on the test's runtime: a thread of its own, with
+        // a runtime of its own. A server that is gone (a test that owns
+        // its cluster) has nothing left to drop.
+        let (server, name) = (self.server.clone(), self.name.clone());
+        let _ = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
+            runtime
+                .block_on(async {
+                    tokio::time::timeout(Duration::from_secs(10), drop_database(&server, &name))
+                        .await
+                })
+                .ok()
+        })
+        .join();
+    }
+}
+
+async fn drop_database(server: &str, name: &str) -> Result<(), tokio_postgres::Error> {
+    let (admin, connection) =
+        tokio_postgres::connect(&format!("{server}/postgres"), tokio_postgres::NoTls).await?;
+    tokio::spawn(connection);
+    admin
+        .batch_execute(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
+        .await
 }
 
 async fn connect(url: &str) -> tokio_postgres::Client {
@@ -131,4 +166,28 @@ impl Drop for KillOnDrop {
             let _ = self.0.wait();
         }
     }
+}
+
+#[tokio::test]
+async fn a_test_database_is_dropped_even_when_its_test_fails() {
+    let name = Arc::new(std::sync::Mutex::new(String::new()));
+    let seen = Arc::clone(&name);
+    let failed = tokio::spawn(async move {
+        let db = TestDb::new().await;
+        *seen.lock().unwrap() = db.name().to_string();
+        panic!("a failing test");
+    })
+    .await;
+    assert!(failed.unwrap_err().is_panic());
+    let name = name.lock().unwrap().clone();
+    assert!(name.starts_with("laurel_test_"), "{name}");
+    let admin = connect(&format!("{}/postgres", server_url())).await;
+    let left = admin
+        .query(
+            "SELECT datname FROM pg_database WHERE datname = $1",
+            &[&name],
+        )
+        .await
+        .unwrap();
+    assert!(left.is_empty(), "{name} was left behind");
 }

@@ -25,7 +25,7 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 
 use super::{Counters, Effect, LogEntry, Outcome};
-use crate::store::json_text::{ObjectWriter, push_counters};
+use crate::store::json_text::{ObjectWriter, push_counters, push_str};
 
 pub(super) type ContentKey<'a> = (&'a str, &'a str, &'a str, &'a str); // user, award, objective, content
 pub(super) type GroupKey<'a> = (&'a str, &'a str, &'a str, &'a str); // user, award, objective, dedup key
@@ -255,6 +255,10 @@ pub(super) struct LogRow<'a> {
     pub deltas: Option<String>,
     /// JSON text.
     pub functions: Option<Cow<'a, str>>,
+    /// JSON text: the filter that now stops the event's content item, for
+    /// each objective where that moved counters, keyed by award, then
+    /// objective.
+    pub excluded: Option<String>,
 }
 
 /// Text from an event or a guest, safe to store: PostgreSQL refuses NUL.
@@ -287,6 +291,7 @@ impl<'a> LogRow<'a> {
             reason,
             deltas: None,
             functions: Some(Cow::Borrowed(functions)),
+            excluded: None,
         }
     }
 
@@ -307,6 +312,7 @@ impl<'a> LogRow<'a> {
             reason,
             deltas,
             functions: functions.map(Cow::Owned),
+            excluded: None,
         }
     }
 
@@ -325,6 +331,7 @@ impl<'a> LogRow<'a> {
             reason: Some(storable(reason, MAX_REASON_BYTES)),
             deltas: None,
             functions: None,
+            excluded: None,
         }
     }
 
@@ -338,6 +345,7 @@ impl<'a> LogRow<'a> {
             reason: Some(storable(&e.reason, MAX_REASON_BYTES)),
             deltas: None,
             functions: e.functions.as_deref().map(|f| Cow::Owned(f.to_string())),
+            excluded: None,
         }
     }
 }
@@ -558,10 +566,7 @@ pub(super) fn decide<'a>(
         }
 
         // One log row per event: what it changed, objective by objective.
-        let mut changes: Vec<(&str, &str, Counters, &str)> = Vec::new();
-        // Which objectives' filters now stop this item, where that moved
-        // counters.
-        let mut excluded: Vec<String> = Vec::new();
+        let mut changes: Vec<Change<'_>> = Vec::new();
         for (o, delta, replacement) in planned {
             if let Some((key, next)) = replacement {
                 view.replace(key, next);
@@ -569,29 +574,27 @@ pub(super) fn decide<'a>(
             if delta.is_empty() {
                 continue;
             }
-            if let Effect::Excluded { by } = &o.effect {
-                excluded.push(format!(
-                    "{}/{}: excluded by {by}",
-                    o.award_id, o.objective_id
-                ));
-            }
             decision.changed += 1;
             let objective: ObjectiveKey<'a> = (&o.user_id, &o.award_id, &o.objective_id);
             // Cannot overflow: each running total was checked, and the net
             // change is the difference of two of them.
             let _ = add_checked(net.entry(objective).or_default(), &delta, 1);
-            changes.push((&o.award_id, &o.objective_id, delta, functions_text(o)));
+            changes.push(Change {
+                award_id: &o.award_id,
+                objective_id: &o.objective_id,
+                delta,
+                functions: functions_text(o),
+                excluded_by: match &o.effect {
+                    Effect::Excluded { filter } => Some(filter),
+                    _ => None,
+                },
+            });
         }
         if !changes.is_empty() {
-            let reason = (!excluded.is_empty()).then(|| Cow::Owned(excluded.join("; ")));
-            let (deltas, versions) = nested(&mut changes);
-            decision.log.push(LogRow::event(
-                first,
-                "applied",
-                reason,
-                Some(deltas),
-                Some(versions),
-            ));
+            let (deltas, versions, excluded) = nested(&mut changes);
+            let mut row = LogRow::event(first, "applied", None, Some(deltas), Some(versions));
+            row.excluded = excluded;
+            decision.log.push(row);
         }
         for (o, reason) in held {
             decision.log.push(LogRow::of(
@@ -657,23 +660,50 @@ impl<'a> LogRow<'a> {
     }
 }
 
-/// An event's changes as two JSON objects keyed by award, then objective:
-/// the deltas, and the function versions that decided them.
-fn nested(changes: &mut [(&str, &str, Counters, &str)]) -> (String, String) {
-    changes.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+/// What an applied event changed in one objective.
+struct Change<'a> {
+    award_id: &'a str,
+    objective_id: &'a str,
+    delta: Counters,
+    /// The objective's function versions, JSON text.
+    functions: &'a str,
+    /// The filter that now stops the event's content item there.
+    excluded_by: Option<&'a Arc<str>>,
+}
+
+/// An event's changes as JSON objects keyed by award, then objective: the
+/// deltas, the function versions that decided them, and (where a filter
+/// took an item out) the filter.
+fn nested(changes: &mut [Change<'_>]) -> (String, String, Option<String>) {
+    changes.sort_by(|a, b| (a.award_id, a.objective_id).cmp(&(b.award_id, b.objective_id)));
     let (mut deltas, mut versions) = (ObjectWriter::new(), ObjectWriter::new());
-    for per_award in changes.chunk_by(|a, b| a.0 == b.0) {
+    let mut excluded: Option<ObjectWriter> = None;
+    for per_award in changes.chunk_by(|a, b| a.award_id == b.award_id) {
         let (mut award_deltas, mut award_versions) = (ObjectWriter::new(), ObjectWriter::new());
-        for (_, objective, delta, functions) in per_award {
-            push_counters(award_deltas.key(objective), delta);
-            award_versions.key(objective).push_str(functions);
+        let mut award_excluded: Option<ObjectWriter> = None;
+        for change in per_award {
+            push_counters(award_deltas.key(change.objective_id), &change.delta);
+            award_versions
+                .key(change.objective_id)
+                .push_str(change.functions);
+            if let Some(filter) = change.excluded_by {
+                let writer = award_excluded.get_or_insert_with(ObjectWriter::new);
+                push_str(writer.key(change.objective_id), filter);
+            }
         }
-        deltas.key(per_award[0].0).push_str(&award_deltas.finish());
-        versions
-            .key(per_award[0].0)
-            .push_str(&award_versions.finish());
+        let award = per_award[0].award_id;
+        deltas.key(award).push_str(&award_deltas.finish());
+        versions.key(award).push_str(&award_versions.finish());
+        if let Some(award_excluded) = award_excluded {
+            let writer = excluded.get_or_insert_with(ObjectWriter::new);
+            writer.key(award).push_str(&award_excluded.finish());
+        }
     }
-    (deltas.finish(), versions.finish())
+    (
+        deltas.finish(),
+        versions.finish(),
+        excluded.map(ObjectWriter::finish),
+    )
 }
 
 /// Each objective's function versions as JSON text, once per batch: the

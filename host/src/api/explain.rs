@@ -129,13 +129,12 @@ pub async fn explain(
 }
 
 fn contribution(item: &ItemRow) -> Value {
-    let share = item.share.as_ref();
     json!({
         "source": item.source,
         "content_id": item.content_id,
-        "counters": share.and_then(|s| s.get("c")).cloned().unwrap_or_else(|| json!({})),
+        "counters": item.counters,
         // Items with the same key count once between them.
-        "dedup_key": share.and_then(|s| s.get("k")).cloned(),
+        "dedup_key": item.dedup_key,
         "event_id": item.event_id,
         "occurred_at": time(item.occurred_at),
     })

@@ -61,9 +61,11 @@ pub struct ItemRow {
     pub occurred_at: DateTime<Utc>,
     /// The last event applied to the item.
     pub event_id: String,
-    /// What it contributes to the objective asked about
-    /// (`{"c": {counter: value}, "k": dedup key}`), if anything.
-    pub share: Option<Value>,
+    /// What it contributes to the objective asked about (empty for an
+    /// item that contributes nothing).
+    pub counters: super::Counters,
+    /// Items with the same key count once between them.
+    pub dedup_key: Option<String>,
 }
 
 const LOG_COLUMNS: &str = "id, logged_at, source, event_id, award_id, objective_id, outcome, reason, deltas, functions, excluded";
@@ -85,12 +87,23 @@ fn log_record(r: &tokio_postgres::Row) -> LogRecord {
 }
 
 fn item_row(r: &tokio_postgres::Row) -> ItemRow {
+    let share: Option<Value> = r.get(4);
     ItemRow {
         source: r.get(0),
         content_id: r.get(1),
         occurred_at: r.get(2),
         event_id: r.get(3),
-        share: r.get(4),
+        // A share is stored as `{"c": counters, "k": dedup key}`.
+        counters: share
+            .as_ref()
+            .and_then(|s| s.get("c"))
+            .map(super::counters::counters_from)
+            .unwrap_or_default(),
+        dedup_key: share
+            .as_ref()
+            .and_then(|s| s.get("k"))
+            .and_then(Value::as_str)
+            .map(str::to_string),
     }
 }
 

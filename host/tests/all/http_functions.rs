@@ -12,7 +12,7 @@ use std::time::Duration;
 use laurel::runtime::http::HttpLimits;
 use laurel::runtime::http::manifest::{self, Manifest};
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 
 use crate::api::Server;
 use crate::pipeline_support::Pipeline;
@@ -108,9 +108,8 @@ async fn recording_server() -> (u16, Arc<AtomicUsize>, Arc<std::sync::Mutex<Stri
             counted.fetch_add(1, Ordering::SeqCst);
             let kept = kept.clone();
             tokio::spawn(async move {
-                let mut buffer = [0u8; 4096];
-                let n = socket.read(&mut buffer).await.unwrap_or(0);
-                *kept.lock().unwrap() = String::from_utf8_lossy(&buffer[..n]).to_lowercase();
+                let head = crate::support::read_head(&mut socket).await;
+                *kept.lock().unwrap() = head.to_lowercase();
                 let _ = socket
                     .write_all(
                         b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok",
@@ -497,8 +496,7 @@ async fn redirecting_server(location: String) -> u16 {
         while let Ok((mut socket, _)) = listener.accept().await {
             let location = location.clone();
             tokio::spawn(async move {
-                let mut buffer = [0u8; 4096];
-                let _ = socket.read(&mut buffer).await;
+                crate::support::read_head(&mut socket).await;
                 let answer = format!(
                     "HTTP/1.1 302 Found\r\nlocation: {location}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
                 );

@@ -721,14 +721,13 @@ impl Drop for PrivateRedis {
 /// A "proxy" that answers every request itself with 200, forwarding
 /// nothing (free lists are full of these).
 async fn answers_by_itself() -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move {
         while let Ok((mut socket, _)) = listener.accept().await {
             tokio::spawn(async move {
-                let mut buffer = [0u8; 4096];
-                let _ = socket.read(&mut buffer).await;
+                crate::support::read_head(&mut socket).await;
                 let _ = socket
                     .write_all(
                         b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok",

@@ -191,3 +191,20 @@ async fn a_test_database_is_dropped_even_when_its_test_fails() {
         .unwrap();
     assert!(left.is_empty(), "{name} was left behind");
 }
+
+/// Reads a request's head (up to the blank line, or the end) from a test
+/// server's connection. Answering after one read is a race: a client (or
+/// a proxy) that writes its head in pieces finds the connection reset by
+/// the answer's close, with its last pieces unread.
+pub async fn read_head(socket: &mut tokio::net::TcpStream) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut head = Vec::new();
+    let mut buffer = [0u8; 4096];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 64 << 10 {
+        match socket.read(&mut buffer).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => head.extend_from_slice(&buffer[..n]),
+        }
+    }
+    String::from_utf8_lossy(&head).into_owned()
+}

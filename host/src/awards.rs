@@ -27,26 +27,42 @@ use crate::store::{
     TransitionKind,
 };
 
-#[derive(Debug, Clone)]
+/// The awards worker's settings.
+#[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Awards worker")]
 pub struct AwardsSettings {
-    /// Most (user, award) pairs per cycle (one transaction).
+    /// Most changed (user, award) pairs an awards worker computes per
+    /// cycle (one transaction).
+    #[arg(
+        id = "awards_batch",
+        long = "awards-batch",
+        env = "LAUREL_AWARDS_BATCH",
+        default_value_t = 2000,
+        value_parser = clap::value_parser!(i64).range(1..),
+        value_name = "PAIRS"
+    )]
     pub batch: i64,
     /// How long an idle worker waits before looking again.
+    #[arg(skip = Duration::from_millis(50))]
     pub idle_wait: Duration,
     /// Users marked per backfill step.
+    #[arg(skip = 1000i64)]
     pub backfill_batch: i64,
-    /// Worker tasks in this process.
+    /// Awards worker tasks per process.
+    #[arg(
+        id = "awards_workers",
+        long = "awards-workers",
+        env = "LAUREL_AWARDS_WORKERS",
+        default_value = "1",
+        value_parser = crate::settings::positive,
+        value_name = "TASKS"
+    )]
     pub workers: usize,
 }
 
 impl Default for AwardsSettings {
     fn default() -> Self {
-        AwardsSettings {
-            batch: 2000,
-            idle_wait: Duration::from_millis(50),
-            backfill_batch: 1000,
-            workers: 1,
-        }
+        crate::settings::defaults()
     }
 }
 
@@ -266,6 +282,7 @@ impl AwardsWorker {
     }
 
     /// Claims up to a batch of changed awards, computes them and commits.
+    #[tracing::instrument(name = "awards_cycle", skip_all, fields(batch = self.settings.batch))]
     pub async fn cycle(&mut self) -> Result<CycleOutcome, StoreError> {
         self.refresh_plans().await?;
         let claimed = self.store.claim_changes(self.settings.batch).await?;

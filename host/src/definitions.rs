@@ -318,15 +318,34 @@ pub async fn apply(
 pub enum PushError {
     #[error(transparent)]
     Registry(#[from] crate::registry::RegistryError),
-    #[error(
-        "refusing to push {name}: the new version would break {} (push with --force to do it anyway): {}",
-        if .problems.len() == 1 { "an award that uses it".to_string() } else { format!("{} uses of it in awards", .problems.len()) },
-        .problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
-    )]
+    #[error("{}", refusal(name, problems, "--force"))]
     BreaksAwards {
         name: String,
         problems: Vec<DefinitionError>,
     },
+}
+
+impl PushError {
+    /// The message, naming how the caller's interface overrides a refusal
+    /// (`--force` on the command line, `?force=true` over HTTP).
+    pub fn message(&self, force: &str) -> String {
+        match self {
+            PushError::BreaksAwards { name, problems } => refusal(name, problems, force),
+            PushError::Registry(error) => error.to_string(),
+        }
+    }
+}
+
+fn refusal(name: &str, problems: &[DefinitionError], force: &str) -> String {
+    let broken = match problems.len() {
+        1 => "an award that uses it".to_string(),
+        n => format!("{n} uses of it in awards"),
+    };
+    let problems: Vec<String> = problems.iter().map(ToString::to_string).collect();
+    format!(
+        "refusing to push {name}: the new version would break {broken} (push with {force} to do it anyway): {}",
+        problems.join("; ")
+    )
 }
 
 impl From<crate::store::StoreError> for PushError {

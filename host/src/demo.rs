@@ -110,7 +110,13 @@ pub fn run(registry: &Arc<Registry>) -> anyhow::Result<()> {
 
 /// The demo awards: the contract's example and the write-up's "3 reviews
 /// or 3 photos".
-pub const AWARDS: &str = include_str!("../demo/awards.json");
+pub const AWARDS: &str = concat!(
+    "[",
+    include_str!("../demo/content-maker.json"),
+    ",",
+    include_str!("../demo/three-of-either.json"),
+    "]"
+);
 
 const DEMO_USER: &str = "u-42";
 
@@ -289,4 +295,45 @@ pub async fn publish_and_show(brokers: &str, database_url: &str) -> anyhow::Resu
         );
     }
     Ok(())
+}
+
+/// For the demo, an admin token and a JWT secret when none is set, printed
+/// with requests to try.
+pub fn secrets(api: &mut crate::api::ApiSettings, serves_functions: bool) {
+    let base = format!("http://{}", api.addr);
+    println!("Demo: try the HTTP API:");
+    // A secret the operator set is never printed.
+    let admin = match &api.admin_token {
+        Some(_) => "$LAUREL_ADMIN_TOKEN".to_string(),
+        None => {
+            let made = crate::api::random_secret();
+            let shown = made.reveal().to_string();
+            api.admin_token = Some(made);
+            shown
+        }
+    };
+    let user = match &api.tokens.secret {
+        Some(_) => "<a token for u-42 signed with LAUREL_JWT_SECRET>".to_string(),
+        None => {
+            let made = crate::api::random_secret();
+            let token = crate::api::mint_user_token(
+                &made,
+                "u-42",
+                std::time::Duration::from_secs(24 * 3600),
+            );
+            api.tokens.secret = Some(made);
+            token
+        }
+    };
+    println!("  curl -H 'Authorization: Bearer {user}' {base}/v1/users/u-42/awards");
+    println!("  curl -H 'Authorization: Bearer {admin}' {base}/admin/v1/users/u-42/log");
+    println!(
+        "  curl -H 'Authorization: Bearer {admin}' {base}/admin/v1/users/u-42/awards/content-maker/explain"
+    );
+    println!("  curl {base}/metrics");
+    if serves_functions {
+        println!(
+            "  curl {base}/badges/u-42/content-maker    (an HTTP function from spin.toml: an SVG badge)"
+        );
+    }
 }

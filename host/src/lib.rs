@@ -18,6 +18,7 @@ pub mod runtime;
 pub mod secrets;
 pub mod settings;
 pub mod store;
+pub mod telemetry;
 
 /// Every binary linking Laurel (the `laurel` command, tests, benchmarks)
 /// allocates through mimalloc: ingest builds and drops many small maps and

@@ -1,19 +1,25 @@
-//! What this process has done, as Prometheus counters and histograms,
-//! rendered in the text exposition format at `/metrics`.
+//! What this process has done, as Prometheus counters, histograms and a
+//! gauge (the Prometheus project's `prometheus-client`), served in the
+//! Prometheus text format (version 0.0.4) at `/metrics`.
 //!
-//! One set per process (each `laurel` process exposes its own; Prometheus
-//! sums them). Recording takes a short lock per call; callers record per
-//! batch or per function call, never per event, so the lock is off the hot
-//! path's critical cost.
+//! One registry per process (each `laurel` process exposes its own;
+//! Prometheus sums them). Callers record per batch or per function call,
+//! never per event.
 
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
+use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
 use std::sync::{LazyLock, Mutex};
 use std::time::Duration;
 
-/// Every family this process reports, with its help text. A family with
-/// nothing recorded yet is still described, so dashboards can be built
-/// before the first event.
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge as GaugeMetric;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// Every family this process reports, with its help text. Counters are
+/// named here as they are exposed (`_total`); they are registered without
+/// the suffix, which the encoder adds.
 const FAMILIES: &[(&str, Kind, &str)] = &[
     (
         EVENTS_APPLIED,
@@ -102,11 +108,14 @@ pub const HTTP_FUNCTION_REQUESTS: &str = "laurel_http_function_requests_total";
 pub const HTTP_FUNCTION_SECONDS: &str = "laurel_http_function_seconds";
 pub const CONSUMER_LAG: &str = "laurel_consumer_lag";
 
-/// Upper bounds (seconds) of the latency histogram's buckets.
+/// Upper bounds (seconds) of the latency histograms' buckets.
 const BUCKETS: [f64; 14] = [
     0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
     1.0,
 ];
+
+/// The media type of what `render` writes.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -116,19 +125,49 @@ enum Kind {
 }
 
 type Labels = Vec<(&'static str, String)>;
+type Histograms = Family<Labels, Histogram, fn() -> Histogram>;
+type Gauges = Family<Labels, GaugeMetric<f64, AtomicU64>>;
 
-enum Value {
-    Counter(u64),
-    Histogram {
-        /// Per bucket (not cumulative); the last slot is +Inf.
-        buckets: [u64; BUCKETS.len() + 1],
-        sum: f64,
-        count: u64,
-    },
+/// The process's registry and its families, by the names callers use.
+struct Metrics {
+    registry: Registry,
+    counters: HashMap<&'static str, Family<Labels, Counter>>,
+    histograms: HashMap<&'static str, Histograms>,
+    gauges: HashMap<&'static str, Gauges>,
+    /// Gauges are set from what a scrape read: one scrape renders at a time.
+    rendering: Mutex<()>,
 }
 
-static SERIES: LazyLock<Mutex<BTreeMap<(&'static str, Labels), Value>>> =
-    LazyLock::new(|| Mutex::new(BTreeMap::new()));
+static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
+    let mut metrics = Metrics {
+        registry: Registry::default(),
+        counters: HashMap::new(),
+        histograms: HashMap::new(),
+        gauges: HashMap::new(),
+        rendering: Mutex::new(()),
+    };
+    for &(name, kind, help) in FAMILIES {
+        match kind {
+            Kind::Counter => {
+                let family = Family::default();
+                let base = name.strip_suffix("_total").unwrap_or(name);
+                metrics.registry.register(base, help, family.clone());
+                metrics.counters.insert(name, family);
+            }
+            Kind::Histogram => {
+                let family: Histograms = Family::new_with_constructor(|| Histogram::new(BUCKETS));
+                metrics.registry.register(name, help, family.clone());
+                metrics.histograms.insert(name, family);
+            }
+            Kind::Gauge => {
+                let family = Gauges::default();
+                metrics.registry.register(name, help, family.clone());
+                metrics.gauges.insert(name, family);
+            }
+        }
+    }
+    metrics
+});
 
 fn labels(pairs: &[(&'static str, &str)]) -> Labels {
     pairs.iter().map(|(k, v)| (*k, (*v).to_string())).collect()
@@ -139,38 +178,21 @@ pub fn add(name: &'static str, pairs: &[(&'static str, &str)], by: u64) {
     if by == 0 {
         return;
     }
-    let mut series = SERIES.lock().unwrap_or_else(|p| p.into_inner());
-    if let Value::Counter(total) = series
-        .entry((name, labels(pairs)))
-        .or_insert(Value::Counter(0))
-    {
-        *total += by;
+    match METRICS.counters.get(name) {
+        Some(family) => {
+            family.get_or_create(&labels(pairs)).inc_by(by);
+        }
+        None => debug_assert!(false, "{name} is not a counter of FAMILIES"),
     }
 }
 
 /// Records one observation of the histogram `name`.
 pub fn observe(name: &'static str, pairs: &[(&'static str, &str)], took: Duration) {
-    let seconds = took.as_secs_f64();
-    let mut series = SERIES.lock().unwrap_or_else(|p| p.into_inner());
-    if let Value::Histogram {
-        buckets,
-        sum,
-        count,
-    } = series
-        .entry((name, labels(pairs)))
-        .or_insert(Value::Histogram {
-            buckets: [0; BUCKETS.len() + 1],
-            sum: 0.0,
-            count: 0,
-        })
-    {
-        let slot = BUCKETS
-            .iter()
-            .position(|bound| seconds <= *bound)
-            .unwrap_or(BUCKETS.len());
-        buckets[slot] += 1;
-        *sum += seconds;
-        *count += 1;
+    match METRICS.histograms.get(name) {
+        Some(family) => family
+            .get_or_create(&labels(pairs))
+            .observe(took.as_secs_f64()),
+        None => debug_assert!(false, "{name} is not a histogram of FAMILIES"),
     }
 }
 
@@ -182,82 +204,25 @@ pub struct Gauge {
 }
 
 /// Everything recorded, plus `gauges` read just now, in the Prometheus
-/// text format (version 0.0.4).
+/// text format (`CONTENT_TYPE`). A family appears once it has a series.
 pub fn render(gauges: &[Gauge]) -> String {
-    let series = SERIES.lock().unwrap_or_else(|p| p.into_inner());
+    let metrics = &*METRICS;
+    let _one_scrape = metrics.rendering.lock().unwrap_or_else(|p| p.into_inner());
+    for family in metrics.gauges.values() {
+        family.clear();
+    }
+    for gauge in gauges {
+        match metrics.gauges.get(gauge.name) {
+            Some(family) => {
+                family.get_or_create(&gauge.labels).set(gauge.value);
+            }
+            None => debug_assert!(false, "{} is not a gauge of FAMILIES", gauge.name),
+        }
+    }
     let mut out = String::new();
-    for (family, kind, help) in FAMILIES {
-        let kind_name = match kind {
-            Kind::Counter => "counter",
-            Kind::Gauge => "gauge",
-            Kind::Histogram => "histogram",
-        };
-        let _ = writeln!(out, "# HELP {family} {help}");
-        let _ = writeln!(out, "# TYPE {family} {kind_name}");
-        for ((name, labels), value) in series.range((*family, Vec::new())..) {
-            if name != family {
-                break;
-            }
-            match value {
-                Value::Counter(total) => {
-                    let _ = writeln!(out, "{family}{} {total}", label_text(labels, None));
-                }
-                Value::Histogram {
-                    buckets,
-                    sum,
-                    count,
-                } => {
-                    let base = family;
-                    let mut cumulative = 0;
-                    for (slot, n) in buckets.iter().enumerate() {
-                        cumulative += n;
-                        let le = BUCKETS
-                            .get(slot)
-                            .map_or_else(|| "+Inf".to_string(), |b| b.to_string());
-                        let _ = writeln!(
-                            out,
-                            "{base}_bucket{} {cumulative}",
-                            label_text(labels, Some(&le))
-                        );
-                    }
-                    let _ = writeln!(out, "{base}_sum{} {sum}", label_text(labels, None));
-                    let _ = writeln!(out, "{base}_count{} {count}", label_text(labels, None));
-                }
-            }
-        }
-        for gauge in gauges.iter().filter(|g| g.name == *family) {
-            let _ = writeln!(
-                out,
-                "{family}{} {}",
-                label_text(&gauge.labels, None),
-                gauge.value
-            );
-        }
-    }
+    // Writing to a String cannot fail.
+    let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, &metrics.registry);
     out
-}
-
-fn label_text(labels: &[(&'static str, String)], le: Option<&str>) -> String {
-    let mut parts: Vec<String> = labels
-        .iter()
-        .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
-        .collect();
-    if let Some(le) = le {
-        parts.push(format!("le=\"{le}\""));
-    }
-    if parts.is_empty() {
-        String::new()
-    } else {
-        format!("{{{}}}", parts.join(","))
-    }
-}
-
-/// Label values escape backslash, double quote and newline.
-fn escape(value: &str) -> String {
-    value
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }
 
 #[cfg(test)]
@@ -265,7 +230,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn counters_and_histograms_render_in_the_text_format() {
+    fn counters_histograms_and_gauges_render_in_the_text_format() {
         add(AWARDS_COMPLETED, &[("award", "unit-\"quoted\"\naward")], 2);
         add(AWARDS_COMPLETED, &[("award", "unit-\"quoted\"\naward")], 1);
         observe(
@@ -283,28 +248,35 @@ mod tests {
             labels: vec![("source", "photos".to_string())],
             value: 7.0,
         }]);
-        assert!(text.contains("# TYPE laurel_awards_completed_total counter\n"));
+        assert!(
+            text.contains("# TYPE laurel_awards_completed_total counter\n"),
+            "{text}"
+        );
         assert!(
             text.contains(
                 "laurel_awards_completed_total{award=\"unit-\\\"quoted\\\"\\naward\"} 3\n"
-            )
+            ),
+            "{text}"
         );
         assert!(text.contains(
+            "laurel_function_call_seconds_bucket{le=\"0.00025\",function=\"UnitFn\",kind=\"rule\"} 0\n"
+        ) || text.contains(
             "laurel_function_call_seconds_bucket{function=\"UnitFn\",kind=\"rule\",le=\"0.00025\"} 0\n"
-        ));
-        assert!(text.contains(
-            "laurel_function_call_seconds_bucket{function=\"UnitFn\",kind=\"rule\",le=\"0.0005\"} 1\n"
-        ));
-        assert!(text.contains(
-            "laurel_function_call_seconds_bucket{function=\"UnitFn\",kind=\"rule\",le=\"+Inf\"} 2\n"
-        ));
+        ), "{text}");
+        assert!(text.contains("le=\"0.0005\"} 1\n"), "{text}");
+        assert!(text.contains("le=\"+Inf\"} 2\n"), "{text}");
         assert!(
             text.contains(
                 "laurel_function_call_seconds_count{function=\"UnitFn\",kind=\"rule\"} 2\n"
-            )
+            ),
+            "{text}"
         );
-        assert!(text.contains("laurel_consumer_lag{source=\"photos\"} 7\n"));
-        // Described even before anything happened.
-        assert!(text.contains("# TYPE laurel_notifications_failed_total counter\n"));
+        let lag = text
+            .lines()
+            .find_map(|line| line.strip_prefix("laurel_consumer_lag{source=\"photos\"} "));
+        assert_eq!(lag.and_then(|v| v.parse::<f64>().ok()), Some(7.0), "{text}");
+        // A gauge is what the last scrape read: a source gone is gone.
+        let text = render(&[]);
+        assert!(!text.contains("laurel_consumer_lag{"), "{text}");
     }
 }

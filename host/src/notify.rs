@@ -13,38 +13,70 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use tracing::{info, warn};
+use tracing::{Instrument, info, warn};
 
 use crate::metrics;
 use crate::proxy::{Policy, ProxyPools, Taken};
 use crate::store::{self, Delivery, Store, StoreError, Webhook};
 
-#[derive(Debug, Clone)]
+/// The notifier's settings.
+#[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Notifications")]
 pub struct NotifySettings {
-    /// Attempts before a notification is given up.
+    /// Attempts before a webhook notification is given up.
+    #[arg(
+        id = "webhook_max_attempts",
+        long = "webhook-max-attempts",
+        env = "LAUREL_WEBHOOK_MAX_ATTEMPTS",
+        default_value_t = 12,
+        value_parser = clap::value_parser!(i32).range(1..),
+        value_name = "ATTEMPTS"
+    )]
     pub max_attempts: i32,
-    /// Wait after the first failed attempt; doubles after each.
+    /// Wait after the first failed delivery, in milliseconds; doubles after
+    /// each.
+    #[arg(
+        id = "webhook_backoff_ms",
+        long = "webhook-backoff-ms",
+        env = "LAUREL_WEBHOOK_BACKOFF_MS",
+        default_value = "1000",
+        value_parser = crate::settings::millis,
+        value_name = "MS"
+    )]
     pub backoff: Duration,
-    /// The longest wait between attempts.
+    /// Longest wait between delivery attempts, in milliseconds (at least
+    /// the first wait).
+    #[arg(
+        id = "webhook_backoff_cap_ms",
+        long = "webhook-backoff-cap-ms",
+        env = "LAUREL_WEBHOOK_BACKOFF_CAP_MS",
+        default_value = "600000",
+        value_parser = crate::settings::millis,
+        value_name = "MS"
+    )]
     pub backoff_cap: Duration,
-    /// One request's time limit.
+    /// One webhook request's time limit, in milliseconds.
+    #[arg(
+        id = "webhook_timeout_ms",
+        long = "webhook-timeout-ms",
+        env = "LAUREL_WEBHOOK_TIMEOUT_MS",
+        default_value = "10000",
+        value_parser = crate::settings::positive_millis,
+        value_name = "MS"
+    )]
     pub timeout: Duration,
     /// Deliveries in flight at once.
+    #[arg(skip = 16usize)]
     pub concurrency: usize,
-    /// Redis, for webhooks that send through a proxy pool.
+    /// Redis, for webhooks that send through a proxy pool (the process's
+    /// `--redis-url`).
+    #[arg(skip)]
     pub redis_url: Option<String>,
 }
 
 impl Default for NotifySettings {
     fn default() -> Self {
-        NotifySettings {
-            max_attempts: 12,
-            backoff: Duration::from_secs(1),
-            backoff_cap: Duration::from_secs(600),
-            timeout: Duration::from_secs(10),
-            concurrency: 16,
-            redis_url: None,
-        }
+        crate::settings::defaults()
     }
 }
 
@@ -114,7 +146,8 @@ pub fn checked_webhook(
 /// The wait after failed attempt number `attempt` (1-based).
 pub fn backoff(attempt: i32, base: Duration, cap: Duration) -> Duration {
     let doublings = attempt.saturating_sub(1).clamp(0, 30) as u32;
-    base.saturating_mul(1 << doublings).min(cap)
+    // A cap below the first wait is the first wait.
+    base.saturating_mul(1 << doublings).min(cap.max(base))
 }
 
 /// Why one attempt failed.
@@ -378,6 +411,12 @@ pub async fn deliver_due(
             let policy = webhook
                 .and_then(|w| w.proxy_pool.as_ref())
                 .and_then(|pool| policies.get(pool).copied());
+            let span = tracing::info_span!(
+                "delivery",
+                id = delivery.id,
+                webhook = %delivery.webhook,
+                attempt = delivery.attempts
+            );
             async move {
                 let result = match webhook {
                     Some(webhook) => sender.send(webhook, policy, &delivery.payload).await,
@@ -385,6 +424,7 @@ pub async fn deliver_due(
                 };
                 (delivery, result)
             }
+            .instrument(span)
         }))
         .buffer_unordered(settings.concurrency.max(1))
         .collect()

@@ -24,7 +24,7 @@ use crate::runtime::FunctionKind;
 use crate::store::{AuditEntry, LogRecord, PushOutcome, Webhook};
 
 pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
-    let function_limit = state.settings.max_function_bytes;
+    let function_limit = state.max_function_bytes();
     let body_limit = state.settings.max_body_bytes;
     Router::new()
         .route("/awards", get(list_awards))
@@ -348,7 +348,7 @@ async fn put_function(
             content_type
         )));
     }
-    let bytes = body(raw, state.settings.max_function_bytes)?;
+    let bytes = body(raw, state.max_function_bytes())?;
     let kind = match query.get("kind").map(String::as_str) {
         None => None,
         Some("filter") => Some(FunctionKind::Filter),
@@ -403,7 +403,7 @@ fn push_error(name: &str, error: PushError) -> ApiError {
     use crate::registry::RegistryError;
     match error {
         PushError::BreaksAwards { ref problems, .. } => ApiError::Unprocessable {
-            message: error.to_string().replace("--force", "?force=true"),
+            message: error.message("?force=true"),
             problems: problems.iter().map(problem_json).collect(),
         },
         PushError::Registry(RegistryError::Store(error)) => error.into(),

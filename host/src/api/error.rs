@@ -102,11 +102,11 @@ impl From<crate::runtime::http::HttpFunctionError> for ApiError {
     }
 }
 
-impl From<crate::store::PoolError> for ApiError {
-    fn from(error: crate::store::PoolError) -> Self {
+impl From<crate::store::StorePoolError> for ApiError {
+    fn from(error: crate::store::StorePoolError) -> Self {
         match error {
-            crate::store::PoolError::Busy(_) => ApiError::Unavailable(error.to_string()),
-            crate::store::PoolError::Store(error) => error.into(),
+            crate::store::StorePoolError::Busy(_) => ApiError::Unavailable(error.to_string()),
+            crate::store::StorePoolError::Store(error) => error.into(),
         }
     }
 }
@@ -123,13 +123,13 @@ impl From<crate::proxy::ProxyError> for ApiError {
     }
 }
 
-impl From<crate::proxy::PoolError> for ApiError {
-    fn from(error: crate::proxy::PoolError) -> Self {
-        use crate::proxy::PoolError;
+impl From<crate::proxy::ProxyPoolError> for ApiError {
+    fn from(error: crate::proxy::ProxyPoolError) -> Self {
+        use crate::proxy::ProxyPoolError;
         match error {
-            PoolError::Unknown(_) => ApiError::NotFound(error.to_string()),
-            PoolError::Redis(error) => error.into(),
-            PoolError::Store(error) => error.into(),
+            ProxyPoolError::Unknown(_) => ApiError::NotFound(error.to_string()),
+            ProxyPoolError::Redis(error) => error.into(),
+            ProxyPoolError::Store(error) => error.into(),
         }
     }
 }

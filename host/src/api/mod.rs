@@ -34,7 +34,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
-use tracing::{info, warn};
+use tracing::{Instrument, info, warn};
 
 use crate::catalog::Catalog;
 use crate::proxy::ProxyPools;
@@ -43,70 +43,167 @@ use crate::runtime::http::manifest::Manifest;
 use crate::runtime::http::{HttpFunctions, HttpLimits};
 use crate::store::{PooledStore, StorePool};
 
-/// The API's settings (see `Settings::api`).
-#[derive(Debug, Clone)]
+/// The API's settings.
+#[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "HTTP API")]
 pub struct ApiSettings {
+    /// Where the HTTP server (public API, admin API, HTTP functions,
+    /// health, metrics) listens; port 0 picks a free port (printed at
+    /// start).
+    #[arg(
+        id = "http_addr",
+        long = "http-addr",
+        env = "LAUREL_HTTP_ADDR",
+        default_value = "127.0.0.1:8080",
+        value_name = "ADDR"
+    )]
     pub addr: SocketAddr,
+    /// Bearer token for `/admin/*` (named `admin`, role admin); unset, and
+    /// no LAUREL_ADMIN_TOKENS, the admin API refuses everything.
+    #[arg(
+        long = "admin-token",
+        env = "LAUREL_ADMIN_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
     pub admin_token: Option<Secret>,
-    /// Named admin tokens with roles (LAUREL_ADMIN_TOKENS); `admin_token`
-    /// is one more, named `admin`.
+    /// More admin tokens, each with a name (the audit log's "who") and a
+    /// role: comma-separated `name:role:token`, role `admin` or `read` (a
+    /// read token gets 403 on every write).
+    #[arg(
+        long = "admin-tokens",
+        env = "LAUREL_ADMIN_TOKENS",
+        hide_env_values = true,
+        value_delimiter = ',',
+        value_parser = AdminToken::parse,
+        value_name = "NAME:ROLE:TOKEN"
+    )]
     pub admin_tokens: Vec<AdminToken>,
+    /// A file of admin tokens, one `name:role:token` a line (`#`
+    /// comments); read at start.
+    #[arg(
+        long = "admin-tokens-file",
+        env = "LAUREL_ADMIN_TOKENS_FILE",
+        value_name = "FILE"
+    )]
+    pub admin_tokens_file: Option<std::path::PathBuf>,
     /// How users' tokens are checked (HS256 secret, JWKS, claims).
+    #[command(flatten)]
     pub tokens: TokenSettings,
-    /// Largest JSON or text request body.
+    /// Largest JSON or text request body, in bytes (413 beyond).
+    #[arg(
+        long = "http-max-body-bytes",
+        env = "LAUREL_HTTP_MAX_BODY_BYTES",
+        default_value = "1048576",
+        value_parser = crate::settings::positive,
+        value_name = "BYTES"
+    )]
     pub max_body_bytes: usize,
-    /// Largest component upload.
-    pub max_function_bytes: usize,
+    /// The process's `--database-url`.
+    #[arg(skip = crate::settings::DATABASE_URL.to_string())]
     pub database_url: String,
+    /// The process's `--redis-url`.
+    #[arg(skip = crate::settings::REDIS_URL.to_string())]
     pub redis_url: String,
     /// Kafka, for consumer lag and health; `None` when this process has
     /// no brokers configured.
+    #[arg(skip)]
     pub kafka_brokers: Option<String>,
     /// Consumer groups are `<prefix>.<source>`.
+    #[arg(skip = crate::ingest::GROUP_PREFIX.to_string())]
     pub group_prefix: String,
-    /// The proxy pool HTTP functions' outbound requests go through (none:
-    /// straight out).
+    /// A proxy pool that every outbound request of an HTTP function goes
+    /// through (unset: straight out).
+    #[arg(
+        long = "http-function-proxy-pool",
+        env = "LAUREL_HTTP_FUNCTION_PROXY_POOL",
+        value_name = "POOL"
+    )]
     pub http_function_proxy_pool: Option<String>,
     /// Connections to PostgreSQL the API may hold.
+    #[arg(skip = 8usize)]
     pub database_connections: usize,
     /// Ingest's limit on a message, applied again when replaying.
+    #[arg(skip = crate::ingest::MAX_EVENT_BYTES)]
     pub max_event_bytes: usize,
-    /// A request's headers must arrive within this (a slow client is
-    /// disconnected), and its body within `body_timeout` (408).
+    /// A request's headers must arrive within this, in milliseconds (a
+    /// slow client is disconnected).
+    #[arg(
+        id = "http_header_timeout_ms",
+        long = "http-header-timeout-ms",
+        env = "LAUREL_HTTP_HEADER_TIMEOUT_MS",
+        default_value = "10000",
+        value_parser = crate::settings::positive_millis,
+        value_name = "MS"
+    )]
     pub header_timeout: Duration,
+    /// A request's body must arrive within this, in milliseconds (408).
+    #[arg(
+        id = "http_body_timeout_ms",
+        long = "http-body-timeout-ms",
+        env = "LAUREL_HTTP_BODY_TIMEOUT_MS",
+        default_value = "30000",
+        value_parser = crate::settings::positive_millis,
+        value_name = "MS"
+    )]
     pub body_timeout: Duration,
-    /// Connections served at once; more wait to be accepted.
+    /// HTTP connections served at once; more wait to be accepted.
+    #[arg(
+        id = "http_max_connections",
+        long = "http-max-connections",
+        env = "LAUREL_HTTP_MAX_CONNECTIONS",
+        default_value = "1024",
+        value_parser = crate::settings::positive,
+        value_name = "CONNECTIONS"
+    )]
     pub max_connections: usize,
     /// How long a stop waits for requests in flight before closing their
-    /// connections.
+    /// connections (a share of the process's shutdown deadline).
+    #[arg(skip = Duration::from_secs(30))]
     pub shutdown_timeout: Duration,
     /// How often Kafka's health and the consumer lag are read (once for
     /// the process, cached for every request).
+    #[arg(skip = Duration::from_secs(10))]
     pub kafka_every: Duration,
 }
 
 impl ApiSettings {
+    /// The defaults, with the database at `database_url`.
     pub fn new(database_url: &str) -> ApiSettings {
         ApiSettings {
-            addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
-            admin_token: None,
-            admin_tokens: Vec::new(),
-            tokens: TokenSettings::default(),
-            max_body_bytes: 1 << 20,
-            max_function_bytes: 16 << 20,
             database_url: database_url.to_string(),
-            redis_url: "redis://127.0.0.1:6379".to_string(),
-            kafka_brokers: None,
-            group_prefix: "laurel".to_string(),
-            http_function_proxy_pool: None,
-            database_connections: 8,
-            max_event_bytes: 1 << 20,
-            header_timeout: Duration::from_secs(10),
-            body_timeout: Duration::from_secs(30),
-            max_connections: 1024,
-            shutdown_timeout: Duration::from_secs(30),
-            kafka_every: Duration::from_secs(10),
+            ..ApiSettings::default()
         }
+    }
+
+    /// Reads LAUREL_ADMIN_TOKENS_FILE, if set, into `admin_tokens`.
+    pub fn read_admin_tokens_file(&mut self) -> anyhow::Result<()> {
+        let Some(file) = self.admin_tokens_file.take() else {
+            return Ok(());
+        };
+        let text = std::fs::read_to_string(&file).map_err(|e| {
+            anyhow::anyhow!(
+                "failed to read LAUREL_ADMIN_TOKENS_FILE {}: {e}",
+                file.display()
+            )
+        })?;
+        let tokens = AdminToken::parse_list(&text)
+            .map_err(|e| anyhow::anyhow!("LAUREL_ADMIN_TOKENS_FILE {}: {e}", file.display()))?;
+        self.admin_tokens.extend(tokens);
+        Ok(())
+    }
+
+    /// Whether any admin token is configured.
+    pub fn admin_enabled(&self) -> bool {
+        self.admin_token.is_some()
+            || !self.admin_tokens.is_empty()
+            || self.admin_tokens_file.is_some()
+    }
+}
+
+impl Default for ApiSettings {
+    fn default() -> Self {
+        crate::settings::defaults()
     }
 }
 
@@ -215,6 +312,11 @@ impl AppState {
         }
     }
 
+    /// Largest component upload: the sandbox's limit.
+    fn max_function_bytes(&self) -> usize {
+        self.registry.runtime().limits().component_bytes
+    }
+
     /// Loads the components of `manifest` and serves them on its routes
     /// (paths Laurel's own routes do not take). Once per state.
     pub fn serve_functions(
@@ -298,7 +400,37 @@ pub fn router(state: Arc<AppState>) -> Router {
             state.clone(),
             body_in_time,
         ))
+        .layer(axum::middleware::from_fn(traced))
         .with_state(state)
+}
+
+/// Each request in a span (method, route, status): what is logged while
+/// serving it carries them, and one debug line says how it ended.
+async fn traced(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let route = request
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map_or("(function or none)", |path| path.as_str())
+        .to_string();
+    let span = tracing::info_span!(
+        "http_request",
+        method = %request.method(),
+        route = %route,
+        status = tracing::field::Empty
+    );
+    let started = std::time::Instant::now();
+    let response = next.run(request).instrument(span.clone()).await;
+    span.record("status", response.status().as_u16());
+    span.in_scope(|| {
+        tracing::debug!(
+            message = "Request served.",
+            took_us = started.elapsed().as_micros() as u64
+        )
+    });
+    response
 }
 
 /// Serves the API on `listener` until `shutdown` resolves; requests in
@@ -380,7 +512,7 @@ async fn body_in_time(
     let limit = state
         .settings
         .max_body_bytes
-        .max(state.settings.max_function_bytes);
+        .max(state.max_function_bytes());
     match tokio::time::timeout(
         state.settings.body_timeout,
         axum::body::to_bytes(body, limit),
@@ -556,7 +688,7 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     (
         [(
             axum::http::header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
+            crate::metrics::CONTENT_TYPE,
         )],
         crate::metrics::render(&gauges),
     )

@@ -21,36 +21,54 @@ use super::auth::{Secret, bearer};
 use super::error::ApiError;
 
 /// How users' tokens are checked.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "User tokens")]
 pub struct TokenSettings {
-    /// HS256 secret shared with the app's login service.
+    /// HS256 secret shared with the app's login service; unset (and no
+    /// JWKS), the public API refuses everything.
+    #[arg(
+        long = "jwt-secret",
+        env = "LAUREL_JWT_SECRET",
+        hide_env_values = true,
+        value_name = "SECRET"
+    )]
     pub secret: Option<Secret>,
-    /// An identity provider's public keys: a JWKS file, or an `https://`
-    /// (or `http://`) URL, fetched at start and every `jwks_refresh`, and
-    /// again (at most every 30 s) when a token names a key not yet known.
+    /// An identity provider's public keys for RS256/ES256 user tokens: a
+    /// JWKS file or an http(s) URL, fetched at start and every
+    /// `jwks_refresh` (10 minutes), and again (at most every 30 s) when a
+    /// token names a key not yet known.
+    #[arg(long = "jwt-jwks", env = "LAUREL_JWT_JWKS", value_name = "FILE|URL")]
     pub jwks: Option<String>,
+    #[arg(skip = Duration::from_secs(600))]
     pub jwks_refresh: Duration,
-    /// The `iss` every token must carry, if set.
+    /// The `iss` every user token must carry.
+    #[arg(long = "jwt-issuer", env = "LAUREL_JWT_ISSUER", value_name = "ISS")]
     pub issuer: Option<String>,
-    /// An `aud` every token must carry (alone or in its list), if set.
+    /// An `aud` every user token must carry (alone or in its list).
+    #[arg(long = "jwt-audience", env = "LAUREL_JWT_AUDIENCE", value_name = "AUD")]
     pub audience: Option<String>,
-    /// Refuse tokens without `exp`.
+    /// Refuse user tokens without `exp`.
+    #[arg(
+        long = "jwt-require-exp",
+        env = "LAUREL_JWT_REQUIRE_EXP",
+        default_value_t = false
+    )]
     pub require_exp: bool,
-    /// Clock skew allowed on `exp` and `nbf`.
+    /// Clock skew allowed on a token's `exp` and `nbf`, in seconds.
+    #[arg(
+        id = "jwt_leeway_seconds",
+        long = "jwt-leeway-seconds",
+        env = "LAUREL_JWT_LEEWAY_SECONDS",
+        default_value = "60",
+        value_parser = crate::settings::seconds,
+        value_name = "SECONDS"
+    )]
     pub leeway: Duration,
 }
 
 impl Default for TokenSettings {
     fn default() -> Self {
-        TokenSettings {
-            secret: None,
-            jwks: None,
-            jwks_refresh: Duration::from_secs(600),
-            issuer: None,
-            audience: None,
-            require_exp: false,
-            leeway: Duration::from_secs(60),
-        }
+        crate::settings::defaults()
     }
 }
 

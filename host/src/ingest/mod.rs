@@ -36,7 +36,7 @@ use rdkafka::message::{Headers, Message, OwnedMessage};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tracing::{debug, error, info, warn};
+use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::catalog::Catalog;
 use crate::event::Envelope;
@@ -47,33 +47,84 @@ use crate::store::{
     Store, StoreError,
 };
 
+/// Consumer groups are `<prefix>.<source>` (ingest's, and where the API
+/// reads the lag).
+pub const GROUP_PREFIX: &str = "laurel";
+
 /// Ingest settings.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Ingest")]
 pub struct IngestSettings {
+    /// Kafka bootstrap servers (the process's `--kafka-brokers`, or the
+    /// local broker `laurel up` started).
+    #[arg(skip)]
     pub brokers: String,
     /// Consumer groups are `<prefix>.<source>`.
+    #[arg(skip = GROUP_PREFIX.to_string())]
     pub group_prefix: String,
-    /// Most events in one batch (one transaction).
+    /// Most events per batch (one database transaction); a batch closes
+    /// sooner when LAUREL_BATCH_WAIT_MS passes, so this only matters under
+    /// load, where larger transactions go faster.
+    #[arg(
+        long = "batch-size",
+        env = "LAUREL_BATCH_SIZE",
+        default_value = "10000",
+        value_parser = crate::settings::positive,
+        value_name = "EVENTS"
+    )]
     pub batch_size: usize,
-    /// Most bytes of messages in one batch.
+    /// Most bytes of messages per batch: a batch closes at this size even
+    /// below LAUREL_BATCH_SIZE events, so memory is bounded whatever the
+    /// events' sizes.
+    #[arg(
+        long = "batch-max-bytes",
+        env = "LAUREL_BATCH_MAX_BYTES",
+        default_value = "33554432",
+        value_parser = crate::settings::positive,
+        value_name = "BYTES"
+    )]
     pub batch_max_bytes: usize,
-    /// Longest wait to fill a batch once its first event arrived.
+    /// Longest wait to fill a batch once its first event arrived, in
+    /// milliseconds.
+    #[arg(
+        id = "batch_wait_ms",
+        long = "batch-wait-ms",
+        env = "LAUREL_BATCH_WAIT_MS",
+        default_value = "50",
+        value_parser = crate::settings::millis,
+        value_name = "MS"
+    )]
     pub batch_wait: Duration,
-    /// Larger messages are dead-lettered.
+    /// Larger Kafka messages are dead-lettered (without their value, which
+    /// stays on its topic at the offset the headers name), in bytes.
+    #[arg(
+        long = "max-event-bytes",
+        env = "LAUREL_MAX_EVENT_BYTES",
+        default_value_t = MAX_EVENT_BYTES,
+        value_name = "BYTES"
+    )]
     pub max_event_bytes: usize,
+    /// Kafka consumer group session timeout, in milliseconds.
+    #[arg(
+        id = "kafka_session_timeout_ms",
+        long = "kafka-session-timeout-ms",
+        env = "LAUREL_KAFKA_SESSION_TIMEOUT_MS",
+        default_value = "10000",
+        value_parser = crate::settings::positive_millis,
+        value_name = "MS"
+    )]
     pub session_timeout: Duration,
 }
 
+/// Larger messages are dead-lettered, unless a setting says otherwise.
+pub const MAX_EVENT_BYTES: usize = 1 << 20;
+
 impl IngestSettings {
+    /// The defaults, consuming from `brokers`.
     pub fn new(brokers: impl Into<String>) -> IngestSettings {
         IngestSettings {
             brokers: brokers.into(),
-            group_prefix: "laurel".to_string(),
-            batch_size: 10_000,
-            batch_max_bytes: 32 << 20,
-            batch_wait: Duration::from_millis(50),
-            max_event_bytes: 1 << 20,
-            session_timeout: Duration::from_secs(10),
+            ..crate::settings::defaults()
         }
     }
 }
@@ -182,6 +233,22 @@ impl ConsumerContext for SourceContext {
             warn!(message = "Failed to pause newly assigned partitions.", %error);
         }
     }
+}
+
+/// A batch's offsets per partition, for its span: `p0:100-199 p3:7-7`.
+fn offset_ranges(batch: &[OwnedMessage]) -> String {
+    let mut ranges: std::collections::BTreeMap<i32, (i64, i64)> = Default::default();
+    for message in batch {
+        let (partition, offset) = (message.partition(), message.offset());
+        let range = ranges.entry(partition).or_insert((offset, offset));
+        range.0 = range.0.min(offset);
+        range.1 = range.1.max(offset);
+    }
+    ranges
+        .iter()
+        .map(|(p, (first, last))| format!("p{p}:{first}-{last}"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 async fn consume_source(
@@ -319,15 +386,20 @@ impl SourceConsumer {
             // A batch in hand is finished even when asked to stop: nothing
             // is committed before it is applied, so stopping mid-way would
             // only mean doing it again.
-            if let Err(error) = self.process(&batch, &stop).await {
-                error!(message = "A batch was not applied; it will be consumed again.", source = %self.source.name, error = %format!("{error:#}"));
-                // Go back to the first uncommitted offset of each partition.
-                self.rewind(&batch);
-                tokio::select! {
-                    _ = tokio::time::sleep(RETRY_CAP) => {}
-                    _ = stop.changed() => {}
+            let span = info_span!("batch", source = %self.source.name, size = batch.len(), offsets = %offset_ranges(&batch));
+            async {
+                if let Err(error) = self.process(&batch, &stop).await {
+                    error!(message = "A batch was not applied; it will be consumed again.", source = %self.source.name, error = %format!("{error:#}"));
+                    // Go back to the first uncommitted offset of each partition.
+                    self.rewind(&batch);
+                    tokio::select! {
+                        _ = tokio::time::sleep(RETRY_CAP) => {}
+                        _ = stop.changed() => {}
+                    }
                 }
             }
+            .instrument(span)
+            .await;
         }
         info!(message = "Source consumer stopped.", source = %self.source.name);
     }

@@ -285,7 +285,7 @@ pub fn internal(ip: std::net::IpAddr) -> Option<&'static str> {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum PoolError {
+pub enum ProxyPoolError {
     #[error(
         "proxy pool {0} is not configured: set its check URL first (laurel proxies pool set {0} --check-url URL)"
     )]
@@ -316,7 +316,7 @@ async fn check_and_apply(
     pool: &ProxyPoolRow,
     candidates: Vec<String>,
     report: &mut ImportReport,
-) -> Result<(), PoolError> {
+) -> Result<(), ProxyPoolError> {
     let rules = Eligibility::of(pool);
     let checked: Vec<(String, CheckOutcome)> =
         futures_util::stream::iter(candidates.into_iter().map(|candidate| {
@@ -350,12 +350,12 @@ async fn check_and_apply(
     Ok(())
 }
 
-async fn configured(store: &Store, pool: &str) -> Result<ProxyPoolRow, PoolError> {
+async fn configured(store: &Store, pool: &str) -> Result<ProxyPoolRow, ProxyPoolError> {
     check_pool(pool)?;
     store
         .proxy_pool(pool)
         .await?
-        .ok_or_else(|| PoolError::Unknown(pool.to_string()))
+        .ok_or_else(|| ProxyPoolError::Unknown(pool.to_string()))
 }
 
 /// Reads a candidate list into a configured pool: every candidate is
@@ -368,7 +368,7 @@ pub async fn import(
     pool: &str,
     list: &str,
     replace: bool,
-) -> Result<ImportReport, PoolError> {
+) -> Result<ImportReport, ProxyPoolError> {
     let config = configured(store, pool).await?;
     let (candidates, junk) = parse_candidates(list);
     let mut report = ImportReport {
@@ -393,7 +393,7 @@ pub async fn check_pool_now(
     store: &Store,
     pools: &ProxyPools,
     pool: &str,
-) -> Result<ImportReport, PoolError> {
+) -> Result<ImportReport, ProxyPoolError> {
     let config = configured(store, pool).await?;
     let candidates = store
         .proxy_candidates(pool)
@@ -412,7 +412,7 @@ pub async fn recheck_due(
     store: &Store,
     pools: &ProxyPools,
     limit: i64,
-) -> Result<usize, PoolError> {
+) -> Result<usize, ProxyPoolError> {
     // The claim outlives any check: the slowest check of a batch takes at
     // most its pool's timeout (checks run concurrently).
     let due = store
@@ -449,9 +449,9 @@ pub async fn run(
         let connected = async {
             let store = Store::connect(database_url)
                 .await
-                .map_err(PoolError::from)?;
+                .map_err(ProxyPoolError::from)?;
             let pools = ProxyPools::connect(redis_url).await?;
-            Ok::<_, PoolError>((store, pools))
+            Ok::<_, ProxyPoolError>((store, pools))
         };
         let (store, pools) = tokio::select! {
             _ = &mut shutdown => return Ok(()),
@@ -473,7 +473,7 @@ pub async fn run(
             let step = async {
                 let checked = recheck_due(&store, &pools, 64).await?;
                 if checked > 0 {
-                    return Ok::<_, PoolError>(Duration::ZERO);
+                    return Ok::<_, ProxyPoolError>(Duration::ZERO);
                 }
                 let next = store.next_proxy_check_due().await?;
                 Ok(next
@@ -491,7 +491,7 @@ pub async fn run(
                     _ = &mut shutdown => return Ok(()),
                     _ = tokio::time::sleep(wait) => {}
                 },
-                Err(PoolError::Store(error)) => {
+                Err(ProxyPoolError::Store(error)) => {
                     warn!(message = "Proxy re-checker lost the database; reconnecting.", %error);
                     break;
                 }
@@ -585,7 +585,7 @@ pub async fn pool_status(
     store: &Store,
     pools: &ProxyPools,
     pool: &str,
-) -> Result<PoolStatus, PoolError> {
+) -> Result<PoolStatus, ProxyPoolError> {
     check_pool(pool)?;
     let config = store.proxy_pool(pool).await?;
     let candidates = store.proxy_candidates(pool).await?;

@@ -49,8 +49,8 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{AsyncCommands, Script};
 
 pub use candidates::{
-    CheckOutcome, Eligibility, ImportReport, JunkLine, MemberStatus, PoolError, PoolStatus, check,
-    checked_pool, parse_candidates, pool_status,
+    CheckOutcome, Eligibility, ImportReport, JunkLine, MemberStatus, PoolStatus, ProxyPoolError,
+    check, checked_pool, parse_candidates, pool_status,
 };
 
 /// The background write-up's allocation, verbatim.

@@ -173,6 +173,13 @@ impl<W: World> Slot<W> {
         R: Send,
     {
         let function = Arc::clone(&self.function);
+        let _span = tracing::info_span!(
+            "function",
+            name = %function.name,
+            version = function.version,
+            kind = function.kind.as_str()
+        )
+        .entered();
         let labels = [
             ("function", function.name.as_str()),
             ("kind", function.kind.as_str()),

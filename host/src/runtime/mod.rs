@@ -73,36 +73,64 @@ impl fmt::Display for FunctionKind {
 }
 
 /// Per-function limits. The defaults suit the built-in library with room to
-/// spare; every one is a setting (see `Settings`).
-#[derive(Clone, Debug)]
+/// spare.
+#[derive(Clone, Debug, clap::Args)]
+#[command(next_help_heading = "Functions")]
 pub struct Limits {
-    /// CPU time one call (one batch) may take.
+    /// CPU time one function call (one batch) may take, in milliseconds.
+    #[arg(
+        id = "function_cpu_ms",
+        long = "function-cpu-ms",
+        env = "LAUREL_FUNCTION_CPU_MS",
+        default_value = "100",
+        value_parser = crate::settings::positive_millis,
+        value_name = "MS"
+    )]
     pub cpu_budget: Duration,
-    /// Linear memory one instance may grow to.
+    /// Memory one function instance may grow to, in MiB.
+    #[arg(
+        id = "function_memory_mib",
+        long = "function-memory-mib",
+        env = "LAUREL_FUNCTION_MEMORY_MIB",
+        default_value = "64",
+        value_parser = crate::settings::mebibytes,
+        value_name = "MIB"
+    )]
     pub memory_bytes: usize,
-    /// Largest component accepted.
+    /// Largest component accepted, in MiB.
+    #[arg(
+        id = "function_max_mib",
+        long = "function-max-mib",
+        env = "LAUREL_FUNCTION_MAX_MIB",
+        default_value = "16",
+        value_parser = crate::settings::mebibytes,
+        value_name = "MIB"
+    )]
     pub component_bytes: usize,
     /// Instances alive at once (pooling allocator slots).
+    #[arg(skip = 1000u32)]
     pub instances: u32,
-    /// Consecutive failures after which a version is quarantined.
+    /// Consecutive failures (trap, timeout, memory, invalid output) after
+    /// which a function version is quarantined.
+    #[arg(
+        long = "function-quarantine-after",
+        env = "LAUREL_FUNCTION_QUARANTINE_AFTER",
+        default_value_t = 5,
+        value_parser = clap::value_parser!(u32).range(1..),
+        value_name = "FAILURES"
+    )]
     pub quarantine_after: u32,
     /// Counters one contribution may name.
+    #[arg(skip = 64usize)]
     pub max_counters: usize,
     /// Longest string a function may return (names, error texts).
+    #[arg(skip = 4096usize)]
     pub max_text_bytes: usize,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits {
-            cpu_budget: Duration::from_millis(100),
-            memory_bytes: 64 << 20,
-            component_bytes: 16 << 20,
-            instances: 1000,
-            quarantine_after: 5,
-            max_counters: 64,
-            max_text_bytes: 4096,
-        }
+        crate::settings::defaults()
     }
 }
 

@@ -29,7 +29,7 @@ pub use dead_letters::{DeadLetterRow, HeldObjective, LetterFilter, StoredLetter}
 pub use functions::{FunctionRow, FunctionVersion, PushOutcome};
 pub use migrations::MIGRATIONS;
 pub use notifications::{Delivery, NotificationRow, Webhook};
-pub use pool::{PoolError, PooledStore, StorePool};
+pub use pool::{PooledStore, StorePool, StorePoolError};
 pub use proxies::{CandidateRow, ProxyPoolRow};
 pub use users::{ItemRow, LogRecord};
 

@@ -21,7 +21,7 @@ pub struct StorePool {
 
 /// Why no connection could be had.
 #[derive(Debug, thiserror::Error)]
-pub enum PoolError {
+pub enum StorePoolError {
     #[error("every database connection is busy (waited {0:?})")]
     Busy(Duration),
     #[error(transparent)]
@@ -40,11 +40,11 @@ impl StorePool {
     }
 
     /// A connection, reused if an idle one is still open, else a new one.
-    pub async fn get(&self) -> Result<PooledStore<'_>, PoolError> {
+    pub async fn get(&self) -> Result<PooledStore<'_>, StorePoolError> {
         let permit =
             tokio::time::timeout(self.checkout_timeout, self.permits.clone().acquire_owned())
                 .await
-                .map_err(|_| PoolError::Busy(self.checkout_timeout))?
+                .map_err(|_| StorePoolError::Busy(self.checkout_timeout))?
                 .expect("the pool's semaphore is never closed");
         let reused = {
             let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());

@@ -220,29 +220,13 @@ pub fn error_text(answer: &Answer) -> &str {
     })
 }
 
-/// The contract's content-maker award and a second one nobody starts.
-pub const AWARDS: &str = r#"[{
-  "id": "content-maker", "title": "Content maker", "description": "Upload 5 photos or reviews and drive 10 km",
-  "revocation": "live",
-  "objectives": [
-    {"id": "photo",
-     "filters": [{"name": "SourceFilter", "config": {"sources": ["photos"]}}],
-     "rule": {"name": "ContentStatusRule", "config": {"counters": {"active": "approved", "moderation": "on_moderation", "blocked": "blocked"}}},
-     "progress_counter": "approved"},
-    {"id": "reviews",
-     "filters": [{"name": "SourceFilter", "config": {"sources": ["reviews"]}},
-                 {"name": "ReviewsLengthFilter", "config": {"allowed_length": 100}}],
-     "rule": {"name": "ReviewUniqueByObjectRule", "config": {}},
-     "progress_counter": "count"},
-    {"id": "navi",
-     "filters": [{"name": "SourceFilter", "config": {"sources": ["bss"]}},
-                 {"name": "EventTypeFilter", "config": {"types": ["navi.trip_finished"]}}],
-     "rule": {"name": "SumFieldRule", "config": {"field": "distance_m", "counter": "metres"}},
-     "progress_counter": "metres"}],
-  "strategy": {"goal": 15, "operation": "sum", "strategy": [
-    {"goal": 5, "operation": "sum", "strategy": [{"objective_id": "photo"}, {"objective_id": "reviews"}]},
-    {"goal": 10, "operation": "sum", "strategy": [{"objective_id": "navi", "normalization_factor": 0.001}]}]}
-}, {
+/// The contract's content-maker award (the demo's) and a second one
+/// nobody starts.
+pub const AWARDS: &str = concat!(
+    "[",
+    include_str!("../../demo/content-maker.json"),
+    ", ",
+    r#"{
   "id": "three-photos", "title": "Three photos",
   "objectives": [
     {"id": "photos",
@@ -264,7 +248,9 @@ pub const AWARDS: &str = r#"[{
      "rule": {"name": "CountRule", "config": {"counter": "count"}},
      "progress_counter": "count"}],
   "strategy": {"goal": 3, "operation": "sum", "strategy": [{"objective_id": "reviews"}, {"objective_id": "photos"}]}
-}]"#;
+}"#,
+    "]"
+);
 
 fn award<'a>(awards: &'a Value, id: &str) -> &'a Value {
     awards["awards"]
@@ -530,7 +516,7 @@ async fn progress_from_kafka_events_is_read_back_through_the_public_api() {
     );
     assert!(value("laurel_awards_completed_total{award=\"three-photos\"}") >= 1.0);
     assert_eq!(value("laurel_consumer_lag{source=\"photos\"}"), 0.0);
-    assert!(metrics.contains("# TYPE laurel_notifications_sent_total counter"));
+    assert!(metrics.contains("# TYPE laurel_events_applied_total counter"));
 
     // Health: PostgreSQL, Redis and Kafka all answer.
     let health = server.get("/healthz", None).await;

@@ -15,7 +15,9 @@ use crate::support::{self, TestDb};
 
 /// The write-up's examples: "3 reviews or 3 photos", and the contract's
 /// "content maker" (5 photos or reviews, and 10 km).
-const WRITE_UP_AWARDS: &str = r#"[{
+const WRITE_UP_AWARDS: &str = concat!(
+    "[",
+    r#"{
   "id": "three-of-either", "title": "Three of either",
   "objectives": [
     {"id": "photos",
@@ -27,27 +29,11 @@ const WRITE_UP_AWARDS: &str = r#"[{
      "rule": {"name": "ReviewUniqueByObjectRule", "config": {}},
      "progress_counter": "count"}],
   "strategy": {"goal": 3, "operation": "sum", "strategy": [{"objective_id": "reviews"}, {"objective_id": "photos"}]}
-}, {
-  "id": "content-maker", "title": "Content maker", "revocation": "live",
-  "objectives": [
-    {"id": "photo",
-     "filters": [{"name": "SourceFilter", "config": {"sources": ["photos"]}}],
-     "rule": {"name": "ContentStatusRule", "config": {"counters": {"active": "approved", "moderation": "on_moderation", "blocked": "blocked"}}},
-     "progress_counter": "approved"},
-    {"id": "reviews",
-     "filters": [{"name": "SourceFilter", "config": {"sources": ["reviews"]}},
-                 {"name": "ReviewsLengthFilter", "config": {"allowed_length": 100}}],
-     "rule": {"name": "ReviewUniqueByObjectRule", "config": {}},
-     "progress_counter": "count"},
-    {"id": "navi",
-     "filters": [{"name": "SourceFilter", "config": {"sources": ["bss"]}},
-                 {"name": "EventTypeFilter", "config": {"types": ["navi.trip_finished"]}}],
-     "rule": {"name": "SumFieldRule", "config": {"field": "distance_m", "counter": "metres"}},
-     "progress_counter": "metres"}],
-  "strategy": {"goal": 15, "operation": "sum", "strategy": [
-    {"goal": 5, "operation": "sum", "strategy": [{"objective_id": "photo"}, {"objective_id": "reviews"}]},
-    {"goal": 10, "operation": "sum", "strategy": [{"objective_id": "navi", "normalization_factor": 0.001}]}]}
-}]"#;
+}"#,
+    ", ",
+    include_str!("../../demo/content-maker.json"),
+    "]"
+);
 
 pub async fn state(db: &TestDb, user: &str, award: &str) -> Option<AchieveState> {
     db.store()

@@ -24,4 +24,5 @@ mod secrets;
 mod stream_goes_on;
 mod support;
 mod tokens;
+mod traces;
 mod user_locks;

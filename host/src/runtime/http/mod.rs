@@ -36,22 +36,32 @@ use super::guest_output::GuestOutput;
 use crate::metrics;
 
 /// Limits of one request to an HTTP function.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "HTTP functions")]
 pub struct HttpLimits {
-    /// From the request's arrival to the last byte of the response.
+    /// One request to an HTTP function: its time limit, in milliseconds,
+    /// from arrival to the last byte of the response (504 beyond).
+    #[arg(
+        id = "http_function_timeout_ms",
+        long = "http-function-timeout-ms",
+        env = "LAUREL_HTTP_FUNCTION_TIMEOUT_MS",
+        default_value = "10000",
+        value_parser = crate::settings::positive_millis,
+        value_name = "MS"
+    )]
     pub timeout: Duration,
+    /// The functions' memory limit (`runtime::Limits`).
+    #[arg(skip = crate::runtime::Limits::default().memory_bytes)]
     pub memory_bytes: usize,
-    /// Largest request body passed in, and response body passed out.
+    /// Largest request body passed in, and response body passed out (the
+    /// API's body limit).
+    #[arg(skip = crate::api::ApiSettings::default().max_body_bytes)]
     pub max_body_bytes: usize,
 }
 
 impl Default for HttpLimits {
     fn default() -> HttpLimits {
-        HttpLimits {
-            timeout: Duration::from_secs(10),
-            memory_bytes: 64 << 20,
-            max_body_bytes: 1 << 20,
-        }
+        crate::settings::defaults()
     }
 }
 
@@ -74,7 +84,7 @@ pub enum HttpFunctionError {
 /// Loading a manifest's components failed.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
-pub struct LoadError(pub String);
+pub struct ManifestError(pub String);
 
 /// The served components of one manifest.
 pub struct HttpFunctions {
@@ -122,12 +132,12 @@ impl HttpFunctions {
         limits: HttpLimits,
         services: Arc<dyn HttpServices>,
         fallback: &dyn Fn(&str) -> Option<&'static [u8]>,
-    ) -> Result<HttpFunctions, LoadError> {
+    ) -> Result<HttpFunctions, ManifestError> {
         let mut config = Config::new();
         config.epoch_interruption(true);
         config.wasm_component_model_async(true);
         let engine =
-            Engine::new(&config).map_err(|e| LoadError(format!("the Wasm engine: {e}")))?;
+            Engine::new(&config).map_err(|e| ManifestError(format!("the Wasm engine: {e}")))?;
         let linker = linker(&engine)?;
         let mut components = HashMap::new();
         for (id, spec) in &manifest.components {
@@ -143,7 +153,7 @@ impl HttpFunctions {
                     match fallback(&file) {
                         Some(bytes) => bytes.into(),
                         None => {
-                            return Err(LoadError(format!(
+                            return Err(ManifestError(format!(
                                 "component `{id}`: cannot read {}: {error}",
                                 path.display()
                             )));
@@ -152,13 +162,13 @@ impl HttpFunctions {
                 }
             };
             let component = Component::new(&engine, &bytes).map_err(|e| {
-                LoadError(format!(
+                ManifestError(format!(
                     "component `{id}` ({}) is not a valid component: {e}",
                     path.display()
                 ))
             })?;
             let pre = linker.instantiate_pre(&component).map_err(|e| {
-                LoadError(format!(
+                ManifestError(format!(
                     "component `{id}` cannot be served: {}",
                     import_problem(&e)
                 ))
@@ -168,7 +178,7 @@ impl HttpFunctions {
                 Err(_) => match wasmtime_wasi_http::p2::bindings::ProxyPre::new(pre) {
                     Ok(pre) => Pre::P2(pre),
                     Err(_) => {
-                        return Err(LoadError(format!(
+                        return Err(ManifestError(format!(
                             "component `{id}` exports neither wasi:http/handler@0.3.0 nor wasi:http/incoming-handler@0.2: it is not an HTTP component"
                         )));
                     }
@@ -479,9 +489,9 @@ fn with_spin_headers(
     http::Request::from_parts(parts, body)
 }
 
-fn linker(engine: &Engine) -> Result<Linker<HttpState>, LoadError> {
+fn linker(engine: &Engine) -> Result<Linker<HttpState>, ManifestError> {
     let mut linker = Linker::new(engine);
-    let fail = |what: &str, e: wasmtime::Error| LoadError(format!("linking {what}: {e}"));
+    let fail = |what: &str, e: wasmtime::Error| ManifestError(format!("linking {what}: {e}"));
     wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(|e| fail("WASIp2", e))?;
     wasmtime_wasi::p3::add_to_linker(&mut linker).map_err(|e| fail("WASIp3", e))?;
     wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)

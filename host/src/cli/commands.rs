@@ -1,0 +1,477 @@
+//! The commands that manage Laurel's state and print it as tables.
+
+use std::time::Duration;
+
+use anyhow::Context;
+
+use super::{
+    AwardsCommand, DeadLettersCommand, FunctionsCommand, PoolCommand, ProxiesCommand,
+    SourcesCommand, UsersCommand, WebhooksCommand,
+};
+use crate::catalog::Catalog;
+use crate::registry::Registry;
+use crate::settings::Connections;
+use crate::store::{PushOutcome, Store};
+use crate::{definitions, notify};
+
+/// The database, migrated.
+async fn store(connections: &Connections) -> anyhow::Result<Store> {
+    let mut store = Store::connect(&connections.database_url).await?;
+    store.migrate().await?;
+    Ok(store)
+}
+
+pub(super) async fn functions(
+    connections: &Connections,
+    command: FunctionsCommand,
+) -> anyhow::Result<()> {
+    match command {
+        FunctionsCommand::Push {
+            name,
+            file,
+            kind,
+            force,
+            sandbox,
+        } => {
+            let bytes = std::fs::read(&file)
+                .with_context(|| format!("failed to read {}", file.display()))?;
+            let runtime = sandbox.runtime()?;
+            let mut store = store(connections).await?;
+            let (kind, outcome) =
+                definitions::push_function(&mut store, &runtime, &name, &bytes, kind, force)
+                    .await?;
+            match outcome {
+                PushOutcome::Created { version } => println!("pushed {name} v{version} ({kind})"),
+                PushOutcome::Unchanged { version } => {
+                    println!("{name} v{version} ({kind}) already has these bytes")
+                }
+            }
+        }
+        FunctionsCommand::List { all } => {
+            let store = store(connections).await?;
+            let rows = if all {
+                store.all_function_versions().await?
+            } else {
+                store.current_functions().await?
+            };
+            println!(
+                "{:<28} {:<9} {:>7} {:>9}  {:<64}  note",
+                "NAME", "KIND", "VERSION", "BYTES", "SHA256"
+            );
+            for row in rows {
+                let note = match (&row.quarantine_reason, row.builtin) {
+                    (Some(reason), _) => format!("QUARANTINED: {reason}"),
+                    (None, true) => "built-in".to_string(),
+                    (None, false) => String::new(),
+                };
+                println!(
+                    "{:<28} {:<9} {:>7} {:>9}  {}  {note}",
+                    row.name, row.kind, row.version, row.size, row.sha256
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+pub(super) async fn awards(
+    connections: &Connections,
+    command: AwardsCommand,
+) -> anyhow::Result<()> {
+    match command {
+        AwardsCommand::Apply { file, sandbox } => {
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("failed to read {}", file.display()))?;
+            let runtime = sandbox.runtime()?;
+            super::roles::prepare(connections, &runtime).await?;
+            let registry = Registry::start(&connections.database_url, runtime).await?;
+            let mut store = Store::connect(&connections.database_url).await?;
+            let applied = definitions::apply(&mut store, &registry, &text).await?;
+            for (id, version) in applied {
+                println!("applied {id} v{version}");
+            }
+        }
+        AwardsCommand::List => {
+            let store = store(connections).await?;
+            println!(
+                "{:<28} {:>7} {:<8} {:<10} title",
+                "ID", "VERSION", "ENABLED", "OBJECTIVES"
+            );
+            for row in store.awards().await? {
+                let title = row
+                    .definition
+                    .get("title")
+                    .and_then(|t| t.as_str())
+                    .unwrap_or_default();
+                let objectives = row
+                    .definition
+                    .get("objectives")
+                    .and_then(|o| o.as_array())
+                    .map(|o| {
+                        o.iter()
+                            .filter_map(|o| o.get("id").and_then(|i| i.as_str()))
+                            .collect::<Vec<_>>()
+                            .join(",")
+                    })
+                    .unwrap_or_default();
+                println!(
+                    "{:<28} {:>7} {:<8} {:<10} {title}",
+                    row.id, row.version, row.enabled, objectives
+                );
+            }
+            for (award, users, error) in store.strategy_errors().await? {
+                println!(
+                    "{award}: progress of {users} user(s) not computed (kept as it was): {error}; \
+                     fix the function, then `laurel awards recompute {award}`"
+                );
+            }
+            for backfill in store.backfills().await?.iter().filter(|b| !b.finished) {
+                println!(
+                    "backfill of {} v{} in progress: {} users marked since {}",
+                    backfill.award_id,
+                    backfill.award_version,
+                    backfill.marked,
+                    backfill.started_at.to_rfc3339()
+                );
+            }
+        }
+        AwardsCommand::Recompute { id } => {
+            let store = store(connections).await?;
+            anyhow::ensure!(store.request_backfill(&id).await?, "no award named {id}");
+            println!("{id} will be computed again for every user with counters for it");
+        }
+    }
+    Ok(())
+}
+
+async fn show_user(store: &Store, user_id: &str) -> anyhow::Result<()> {
+    println!(
+        "{:<24} {:>10} {:>10} {:<8} {:<10} {:<25} error",
+        "AWARD", "PROGRESS", "GOAL", "STARTED", "COMPLETED", "COMPLETED AT"
+    );
+    for (award, state) in store.user_achievements(user_id).await? {
+        println!(
+            "{:<24} {:>10} {:>10} {:<8} {:<10} {:<25} {}",
+            award,
+            state.progress,
+            state.goal,
+            state.started,
+            state.completed,
+            state
+                .completed_at
+                .map(|t| t.to_rfc3339())
+                .unwrap_or_default(),
+            state.error.unwrap_or_default()
+        );
+    }
+    Ok(())
+}
+
+pub(super) async fn proxies(
+    connections: &Connections,
+    command: ProxiesCommand,
+) -> anyhow::Result<()> {
+    use crate::proxy::{self, ProxyPools};
+    let pools = ProxyPools::connect(&connections.redis_url).await?;
+    let store = || store(connections);
+    match command {
+        ProxiesCommand::Allocate { pool, count } => {
+            for _ in 0..count {
+                match pools.allocate(&pool).await? {
+                    Some(proxy) => println!("{proxy}"),
+                    None => anyhow::bail!("proxy pool {pool} has no eligible proxy"),
+                }
+            }
+        }
+        ProxiesCommand::Pool {
+            command:
+                PoolCommand::Set {
+                    name,
+                    check_url,
+                    policy,
+                    timeout_ms,
+                    max_latency_ms,
+                    schemes,
+                    deny,
+                    recheck_ms,
+                    lease_ttl_ms,
+                    max_in_flight,
+                    allow_private,
+                },
+        } => {
+            let pool = crate::store::ProxyPoolRow {
+                name,
+                policy,
+                check_url,
+                timeout: Duration::from_millis(timeout_ms),
+                schemes,
+                max_latency: Duration::from_millis(max_latency_ms),
+                deny,
+                recheck_every: Duration::from_millis(recheck_ms),
+                lease_ttl: Duration::from_millis(lease_ttl_ms),
+                max_in_flight,
+                allow_private,
+            };
+            proxy::checked_pool(&pool).map_err(anyhow::Error::msg)?;
+            store().await?.set_proxy_pool(&pool).await?;
+            println!(
+                "proxy pool {} ({}, checked via {})",
+                pool.name, pool.policy, pool.check_url
+            );
+        }
+        ProxiesCommand::Pool {
+            command: PoolCommand::Delete { name },
+        } => {
+            proxy::check_pool(&name)?;
+            let existed = store().await?.delete_proxy_pool(&name).await?;
+            pools.delete_pool(&name).await?;
+            anyhow::ensure!(existed, "no proxy pool named {name}");
+            println!("deleted proxy pool {name}");
+        }
+        ProxiesCommand::Pools => {
+            println!(
+                "{:<24} {:<17} {:>8} {:>8} {:>9} CHECK URL",
+                "NAME", "POLICY", "TIMEOUT", "CEILING", "RECHECK"
+            );
+            for p in store().await?.proxy_pools().await? {
+                println!(
+                    "{:<24} {:<17} {:>6}ms {:>6}ms {:>8}s {}",
+                    p.name,
+                    p.policy,
+                    p.timeout.as_millis(),
+                    p.max_latency.as_millis(),
+                    p.recheck_every.as_secs(),
+                    p.check_url
+                );
+            }
+        }
+        ProxiesCommand::Import {
+            pool,
+            source,
+            replace,
+        } => {
+            let list = if source == "-" {
+                std::io::read_to_string(std::io::stdin()).context("failed to read stdin")?
+            } else if source.starts_with("http://") || source.starts_with("https://") {
+                proxy::candidates::fetch_list(&source)
+                    .await
+                    .map_err(anyhow::Error::msg)?
+            } else {
+                std::fs::read_to_string(&source)
+                    .with_context(|| format!("failed to read {source}"))?
+            };
+            let store = store().await?;
+            let report = proxy::candidates::import(&store, &pools, &pool, &list, replace).await?;
+            print_report(&pool, &report);
+        }
+        ProxiesCommand::Check { pool } => {
+            let store = store().await?;
+            let report = proxy::candidates::check_pool_now(&store, &pools, &pool).await?;
+            print_report(&pool, &report);
+        }
+        ProxiesCommand::List { pool } => {
+            let store = store().await?;
+            let status = proxy::pool_status(&store, &pools, &pool).await?;
+            if status.config.is_none() {
+                println!("(pool {pool} is not configured: no checks, least-used)");
+            }
+            println!(
+                "{:<32} {:<8} {:>11} {:>9} {:>8} WHY NOT",
+                "PROXY", "ELIGIBLE", "ALLOCATIONS", "IN FLIGHT", "LATENCY"
+            );
+            for m in status.members {
+                println!(
+                    "{:<32} {:<8} {:>11} {:>9} {:>8} {}",
+                    m.proxy,
+                    if m.eligible { "yes" } else { "no" },
+                    m.allocations,
+                    m.in_flight,
+                    m.latency_ms.map(|l| format!("{l}ms")).unwrap_or_default(),
+                    m.reason.unwrap_or_default()
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+fn print_report(pool: &str, report: &crate::proxy::ImportReport) {
+    for (proxy, latency, start) in &report.admitted {
+        println!(
+            "eligible {proxy} ({} ms; at {start} allocations)",
+            latency.as_millis()
+        );
+    }
+    for (proxy, reason) in &report.refused {
+        println!("refused  {proxy}: {reason}");
+    }
+    for proxy in &report.dropped {
+        println!("dropped  {proxy}");
+    }
+    for junk in &report.junk {
+        println!("line {}: {:?}: {}", junk.line, junk.text, junk.reason);
+    }
+    println!(
+        "{pool}: {} eligible, {} refused, {} dropped, {} junk lines",
+        report.admitted.len(),
+        report.refused.len(),
+        report.dropped.len(),
+        report.junk.len()
+    );
+}
+
+pub(super) async fn webhooks(
+    connections: &Connections,
+    command: WebhooksCommand,
+) -> anyhow::Result<()> {
+    let store = store(connections).await?;
+    match command {
+        WebhooksCommand::Set {
+            name,
+            url,
+            events,
+            proxy_pool,
+        } => {
+            let webhook = notify::checked_webhook(&name, &url, &events, proxy_pool.as_deref())
+                .map_err(anyhow::Error::msg)?;
+            store.set_webhook(&webhook).await?;
+            println!("webhook {name} -> {url} ({})", events.join(", "));
+        }
+        WebhooksCommand::List => {
+            println!("{:<20} {:<48} events", "NAME", "URL");
+            for w in store.webhooks().await? {
+                println!("{:<20} {:<48} {}", w.name, w.url, w.events.join(","));
+            }
+        }
+        WebhooksCommand::Delete { name } => {
+            anyhow::ensure!(
+                store.delete_webhook(&name).await?,
+                "no webhook named {name}"
+            );
+            println!("webhook {name} deleted");
+        }
+    }
+    Ok(())
+}
+
+pub(super) async fn sources(
+    connections: &Connections,
+    command: SourcesCommand,
+) -> anyhow::Result<()> {
+    let store = store(connections).await?;
+    match command {
+        SourcesCommand::List => {
+            println!("{:<20} {:<28} state", "SOURCE", "TOPIC");
+            for source in store.sources().await? {
+                println!(
+                    "{:<20} {:<28} {}",
+                    source.name,
+                    source.topic,
+                    if source.paused { "paused" } else { "running" }
+                );
+            }
+        }
+        SourcesCommand::Add { name, topic } => {
+            store.add_source(&name, topic.as_deref()).await?;
+            println!("source {name} registered");
+        }
+        SourcesCommand::Pause { name } => {
+            anyhow::ensure!(
+                store.set_source_paused(&name, true).await?,
+                "no source named {name}"
+            );
+            println!("source {name} paused");
+        }
+        SourcesCommand::Resume { name } => {
+            anyhow::ensure!(
+                store.set_source_paused(&name, false).await?,
+                "no source named {name}"
+            );
+            println!("source {name} resumed");
+        }
+    }
+    Ok(())
+}
+
+pub(super) async fn dead_letters(
+    connections: &Connections,
+    command: DeadLettersCommand,
+) -> anyhow::Result<()> {
+    let mut store = store(connections).await?;
+    match command {
+        DeadLettersCommand::List { source, limit, all } => {
+            println!(
+                "{:>8}  {:<20} {:<24} {:<24} {:<16} reason",
+                "ID", "DEAD AT", "EVENT", "OBJECTIVE", "STATE"
+            );
+            for row in store.dead_letters(&source, all, limit, None).await? {
+                let objective = match (&row.award_id, &row.objective_id) {
+                    (Some(award), Some(objective)) => format!("{award}/{objective}"),
+                    _ => "-".to_string(),
+                };
+                let state = match row.replayed_at {
+                    Some(_) => "replayed".to_string(),
+                    None if row.attempts > 0 => format!("open ({} tries)", row.attempts),
+                    None => "open".to_string(),
+                };
+                println!(
+                    "{:>8}  {:<20} {:<24} {:<24} {:<16} {}",
+                    row.id,
+                    row.dead_at.format("%Y-%m-%d %H:%M:%S"),
+                    row.event_id.as_deref().unwrap_or("?"),
+                    objective,
+                    state,
+                    row.reason
+                );
+            }
+        }
+        DeadLettersCommand::Replay {
+            source,
+            since,
+            reason,
+            max_event_bytes,
+            sandbox,
+        } => {
+            let registry = Registry::start(&connections.database_url, sandbox.runtime()?).await?;
+            let catalog = Catalog::start(&connections.database_url).await?;
+            let filter = crate::store::LetterFilter { since, reason };
+            let report = crate::ingest::replay(
+                &mut store,
+                &registry,
+                &catalog,
+                &source,
+                &filter,
+                max_event_bytes,
+            )
+            .await?;
+            println!(
+                "replayed {} dead letters of {source}; {} still fail{}",
+                report.replayed,
+                report.still_failing,
+                if report.taken > 0 {
+                    format!("; {} taken by another replay", report.taken)
+                } else {
+                    String::new()
+                }
+            );
+            for (id, reason) in &report.failures {
+                println!("  {id}: {reason}");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `laurel users ...`.
+pub(super) async fn users(connections: &Connections, command: UsersCommand) -> anyhow::Result<()> {
+    let mut store = store(connections).await?;
+    let (user, state) = match &command {
+        UsersCommand::Show { user_id } => return show_user(&store, user_id).await,
+        UsersCommand::Ban { user_id } => (user_id, "banned"),
+        UsersCommand::Delete { user_id } => (user_id, "deleted"),
+        UsersCommand::Restore { user_id } => (user_id, "active"),
+    };
+    store.set_user_state(user, state).await?;
+    println!("user {user} is {state}");
+    Ok(())
+}

@@ -416,7 +416,7 @@ fn push_error(name: &str, error: PushError) -> ApiError {
 async fn get_user_awards(
     State(state): State<Arc<AppState>>,
     Path(user_id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<super::progress::UserAwards>, ApiError> {
     Ok(Json(user_awards(&state, &user_id, Audience::Admin).await?))
 }
 

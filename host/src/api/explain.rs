@@ -12,11 +12,11 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::admin::{log_entry, time};
-use super::progress::{Audience, user_awards};
+use super::progress::{Audience, AwardProgress, AwardSummary, user_awards};
 use super::{ApiError, AppState};
 use crate::event::Envelope;
 use crate::ingest::{Plan, Verdict};
-use crate::store::{ItemRow, LogRecord};
+use crate::store::{Counters, ItemRow, LogRecord};
 
 /// Recent events (and idle items) shown unless `?events=N` says otherwise.
 const EVENTS: i64 = 20;
@@ -28,7 +28,7 @@ pub async fn explain(
     State(state): State<Arc<AppState>>,
     Path((user_id, award_id)): Path<(String, String)>,
     Query(query): Query<HashMap<String, String>>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Explanation>, ApiError> {
     let events = match query.get("events") {
         None => EVENTS,
         Some(v) => v
@@ -48,15 +48,17 @@ pub async fn explain(
             "award {award_id} not found (or not enabled)"
         )));
     };
-    let mut progress = user_awards(&state, &user_id, Audience::Admin).await?;
-    let mut summary = progress["awards"]
-        .as_array_mut()
-        .and_then(|awards| {
-            let at = awards.iter().position(|a| a["award_id"] == award_id)?;
-            Some(awards.swap_remove(at))
-        })
-        .ok_or_else(|| ApiError::NotFound(format!("award {award_id} not found")))?;
-    let counters = summary["objectives"].take();
+    let progress = user_awards(&state, &user_id, Audience::Admin).await?;
+    let Some(AwardProgress {
+        summary,
+        objectives: counters,
+    }) = progress
+        .awards
+        .into_iter()
+        .find(|a| a.summary.award_id == award_id)
+    else {
+        return Err(ApiError::NotFound(format!("award {award_id} not found")));
+    };
 
     // The award's objectives bound as ingest binds them, with the sources
     // each can see (None: any).
@@ -95,37 +97,65 @@ pub async fn explain(
             .map(contribution)
             .collect();
         let counters = counters
-            .as_array()
-            .and_then(|all| {
-                all.iter()
-                    .find(|c| c["objective_id"] == objective.id.as_str())
-            })
-            .map_or_else(|| json!({}), |c| c["counters"].clone());
-        objectives.push(json!({
-            "objective_id": objective.id,
-            "filters": objective.filters.iter().map(|f| f.name.as_str()).collect::<Vec<_>>(),
-            "rule": objective.rule.name,
-            "progress_counter": objective.progress_counter,
-            "sources": sources,
-            "counters": counters,
-            "contributing": listed,
-            "contributing_truncated": contributing.len() as i64 > CONTRIBUTING_MAX,
-            "not_contributing": idle
+            .iter()
+            .find(|c| c.objective_id == objective.id)
+            .map(|c| c.counters.clone())
+            .unwrap_or_default();
+        objectives.push(ExplainedObjective {
+            objective_id: objective.id.clone(),
+            filters: objective.filters.iter().map(|f| f.name.clone()).collect(),
+            rule: objective.rule.name.clone(),
+            progress_counter: objective.progress_counter.clone(),
+            sources,
+            counters,
+            contributing: listed,
+            contributing_truncated: contributing.len() as i64 > CONTRIBUTING_MAX,
+            not_contributing: idle
                 .iter()
                 .map(|i| idle_item(i, &award.id, &objective.id, &idle_log, &evaluated))
-                .collect::<Vec<_>>(),
-        }));
+                .collect(),
+        });
     }
     let recent = store.user_award_log(&user_id, &award.id, events).await?;
-    summary["objectives"] = Value::Array(objectives);
-    summary["user_id"] = Value::String(user_id);
-    summary["recent_events"] = recent.iter().map(log_entry).collect();
-    summary["recent_events_evaluated"] = serde_json::to_value(&evaluated)
-        .map_err(|e| ApiError::Unexpected(anyhow::anyhow!("encoding the evaluated events: {e}")))?;
-    if let Some(note) = recent_note {
-        summary["recent_events_note"] = Value::String(note);
-    }
-    Ok(Json(summary))
+    Ok(Json(Explanation {
+        summary,
+        user_id,
+        objectives,
+        recent_events: recent.iter().map(log_entry).collect(),
+        recent_events_evaluated: evaluated,
+        recent_events_note: recent_note,
+    }))
+}
+
+/// `GET /admin/v1/users/{user_id}/awards/{id}/explain`: the award's
+/// progress, and for each objective what counts and what does not, why.
+#[derive(Debug, Serialize)]
+pub struct Explanation {
+    #[serde(flatten)]
+    summary: AwardSummary,
+    user_id: String,
+    objectives: Vec<ExplainedObjective>,
+    /// The processing log's entries for this award, newest first.
+    recent_events: Vec<Value>,
+    /// The user's recent events run through the objectives again.
+    recent_events_evaluated: Vec<EvaluatedEvent>,
+    /// Why `recent_events_evaluated` is empty or short (Kafka away, ...).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    recent_events_note: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct ExplainedObjective {
+    objective_id: String,
+    filters: Vec<String>,
+    rule: String,
+    progress_counter: String,
+    /// The sources its filters can match (`null`: any).
+    sources: Option<Vec<String>>,
+    counters: Counters,
+    contributing: Vec<Value>,
+    contributing_truncated: bool,
+    not_contributing: Vec<Value>,
 }
 
 fn contribution(item: &ItemRow) -> Value {

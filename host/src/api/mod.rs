@@ -705,6 +705,15 @@ pub(crate) fn number(value: f64) -> Value {
     }
 }
 
+/// `number` for a typed response's field (`serialize_with`).
+pub(crate) fn whole_number<S: serde::Serializer>(value: &f64, to: S) -> Result<S::Ok, S::Error> {
+    if value.fract() == 0.0 && value.abs() < 9.0e15 {
+        to.serialize_i64(*value as i64)
+    } else {
+        to.serialize_f64(*value)
+    }
+}
+
 /// A request body, or why it was refused (too large, unreadable).
 pub(crate) fn body(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, ApiError> {
     body.map_err(|rejection| {

@@ -5,11 +5,56 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use chrono::SecondsFormat;
-use serde_json::{Value, json};
+use serde::Serialize;
 
 use super::error::ApiError;
-use super::{AppState, number};
+use super::{AppState, whole_number};
 use crate::definitions::AwardDefinition;
+use crate::store::Counters;
+
+/// `GET /v1/users/{user_id}/awards` (and the admin API's copy).
+#[derive(Debug, Serialize)]
+pub struct UserAwards {
+    pub user_id: String,
+    pub awards: Vec<AwardProgress>,
+}
+
+/// One award as a user stands on it.
+#[derive(Debug, Serialize)]
+pub struct AwardProgress {
+    #[serde(flatten)]
+    pub summary: AwardSummary,
+    /// Each objective's counters, in definition order.
+    pub objectives: Vec<ObjectiveEntry>,
+}
+
+/// An award's progress, without its objectives (explain shows its own).
+#[derive(Debug, Serialize)]
+pub struct AwardSummary {
+    pub award_id: String,
+    pub title: String,
+    pub description: String,
+    #[serde(serialize_with = "whole_number")]
+    pub progress: f64,
+    #[serde(serialize_with = "whole_number")]
+    pub goal: f64,
+    #[serde(serialize_with = "whole_number")]
+    pub remaining: f64,
+    pub started: bool,
+    pub completed: bool,
+    /// RFC 3339, milliseconds, UTC.
+    pub completed_at: Option<String>,
+    /// Why the strategy could not compute it (admin API only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// One objective's counters, as the API shows them.
+#[derive(Debug, Serialize)]
+pub struct ObjectiveEntry {
+    pub objective_id: String,
+    pub counters: Counters,
+}
 
 /// Which API is asking: the public one says less about missing users.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -22,7 +67,7 @@ pub async fn user_awards(
     state: &AppState,
     user_id: &str,
     audience: Audience,
-) -> Result<Value, ApiError> {
+) -> Result<UserAwards, ApiError> {
     let store = state.store().await?;
     // Polled together, the three queries are pipelined on the connection:
     // one round trip instead of three.
@@ -43,15 +88,15 @@ pub async fn user_awards(
     let mut awards = Vec::with_capacity(snapshot.awards.len());
     for award in snapshot.awards.iter() {
         let version = snapshot.versions.get(&award.id).copied().unwrap_or(0);
-        let objectives: Vec<Value> = award
+        let objectives = award
             .objectives
             .iter()
-            .map(|o| {
-                let counters = counters
+            .map(|o| ObjectiveEntry {
+                objective_id: o.id.clone(),
+                counters: counters
                     .get(&(award.id.clone(), o.id.clone()))
                     .cloned()
-                    .unwrap_or_default();
-                json!({"objective_id": o.id, "counters": counters})
+                    .unwrap_or_default(),
             })
             .collect();
         let (progress, goal, started, completed, completed_at, error) =
@@ -72,26 +117,26 @@ pub async fn user_awards(
                     (progress, goal, false, false, None, error)
                 }
             };
-        let mut entry = json!({
-            "award_id": award.id,
-            "title": award.title,
-            "description": award.description,
-            "progress": number(progress),
-            "goal": number(goal),
-            "remaining": number((goal - progress).max(0.0)),
-            "started": started,
-            "completed": completed,
-            "completed_at": completed_at.map(|t| t.to_rfc3339_opts(SecondsFormat::Millis, true)),
-            "objectives": objectives,
+        awards.push(AwardProgress {
+            summary: AwardSummary {
+                award_id: award.id.clone(),
+                title: award.title.clone(),
+                description: award.description.clone(),
+                progress,
+                goal,
+                remaining: (goal - progress).max(0.0),
+                started,
+                completed,
+                completed_at: completed_at.map(|t| t.to_rfc3339_opts(SecondsFormat::Millis, true)),
+                error: error.filter(|_| audience == Audience::Admin),
+            },
+            objectives,
         });
-        if audience == Audience::Admin
-            && let Some(error) = error
-        {
-            entry["error"] = Value::String(error);
-        }
-        awards.push(entry);
     }
-    Ok(json!({"user_id": user_id, "awards": awards}))
+    Ok(UserAwards {
+        user_id: user_id.to_string(),
+        awards,
+    })
 }
 
 type ZeroKey = (String, i32, u64);

@@ -6,9 +6,8 @@ use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::routing::get;
 use axum::{Json, Router};
-use serde_json::Value;
 
-use super::progress::{Audience, user_awards};
+use super::progress::{Audience, UserAwards, user_awards};
 use super::{ApiError, AppState};
 
 pub fn routes() -> Router<Arc<AppState>> {
@@ -19,7 +18,7 @@ async fn awards(
     State(state): State<Arc<AppState>>,
     Path(user_id): Path<String>,
     headers: HeaderMap,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<UserAwards>, ApiError> {
     state.tokens.check(&headers, &user_id).await?;
     Ok(Json(user_awards(&state, &user_id, Audience::User).await?))
 }

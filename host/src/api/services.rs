@@ -197,7 +197,8 @@ impl HttpServices for Services {
         Box::pin(async move {
             let state = state.map_err(ProgressError::Unavailable)?;
             match user_awards(&state, &user_id, Audience::User).await {
-                Ok(awards) => Ok(awards.to_string()),
+                Ok(awards) => serde_json::to_string(&awards)
+                    .map_err(|e| ProgressError::Unavailable(e.to_string())),
                 Err(ApiError::NotFound(message)) => Err(ProgressError::NotFound(message)),
                 Err(error) => Err(ProgressError::Unavailable(error.to_string())),
             }

@@ -13,6 +13,7 @@ mod faults;
 mod hostile;
 mod http_functions;
 mod notify;
+mod openapi;
 mod owned_postgres;
 mod pipeline;
 mod pipeline_support;

@@ -13,6 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Extension, Json, Router};
 use chrono::SecondsFormat;
+use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::auth::{Caller, Role};
@@ -130,7 +131,7 @@ async fn admin_only(
 async fn get_audit(
     State(state): State<Arc<AppState>>,
     Query(query): Query<HashMap<String, String>>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<AuditPage>, ApiError> {
     let limit = positive(&query, "limit")?
         .unwrap_or(LOG_PAGE)
         .min(LOG_PAGE_MAX);
@@ -139,23 +140,46 @@ async fn get_audit(
     let next = (rows.len() as i64 == limit)
         .then(|| rows.last().map(|r| r.id))
         .flatten();
-    let entries: Vec<Value> = rows
-        .iter()
-        .map(|r| {
-            json!({
-                "id": r.id,
-                "at": r.at.map(time),
-                "token": r.token_name,
-                "method": r.method,
-                "path": r.path,
-                "status": r.status,
-                "target": r.target,
-                "version_before": r.version_before,
-                "version_after": r.version_after,
-            })
+    let entries = rows
+        .into_iter()
+        .map(|r| AuditLine {
+            id: r.id,
+            at: r.at.map(time),
+            token: r.token_name,
+            method: r.method,
+            path: r.path,
+            status: r.status,
+            target: r.target,
+            version_before: r.version_before,
+            version_after: r.version_after,
         })
         .collect();
-    Ok(Json(json!({"entries": entries, "next_before": next})))
+    Ok(Json(AuditPage {
+        entries,
+        next_before: next,
+    }))
+}
+
+/// `GET /audit`: admin writes, newest first, a page at a time.
+#[derive(Debug, Serialize)]
+struct AuditPage {
+    entries: Vec<AuditLine>,
+    /// Pass as `before` for the next page (`null`: the last page).
+    next_before: Option<i64>,
+}
+
+#[derive(Debug, Serialize)]
+struct AuditLine {
+    id: i64,
+    at: Option<String>,
+    /// The admin token's name.
+    token: String,
+    method: String,
+    path: String,
+    status: i32,
+    target: Option<String>,
+    version_before: Option<i32>,
+    version_after: Option<i32>,
 }
 
 pub(super) fn time(t: chrono::DateTime<chrono::Utc>) -> String {
@@ -164,51 +188,80 @@ pub(super) fn time(t: chrono::DateTime<chrono::Utc>) -> String {
 
 // --- awards -------------------------------------------------------------
 
-fn award_json(row: &crate::store::AwardRow) -> Value {
-    json!({
-        "id": row.id,
-        "version": row.version,
-        "enabled": row.enabled,
-        "updated_at": time(row.updated_at),
-        "definition": row.definition,
-    })
+/// An award definition as stored: `GET /awards` lists them, `GET
+/// /awards/{id}` adds what its objectives hold.
+#[derive(Debug, Serialize)]
+struct StoredAward {
+    id: String,
+    version: i32,
+    enabled: bool,
+    updated_at: String,
+    definition: Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    held: Option<Vec<HeldObjective>>,
 }
 
-async fn list_awards(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
+impl StoredAward {
+    fn of(row: &crate::store::AwardRow) -> StoredAward {
+        StoredAward {
+            id: row.id.clone(),
+            version: row.version,
+            enabled: row.enabled,
+            updated_at: time(row.updated_at),
+            definition: row.definition.clone(),
+            held: None,
+        }
+    }
+}
+
+/// An objective whose events wait for a replay, and why.
+#[derive(Debug, Serialize)]
+struct HeldObjective {
+    objective_id: String,
+    held_events: i64,
+    last_reason: String,
+    last_held_at: String,
+}
+
+#[derive(Debug, Serialize)]
+struct AwardList {
+    awards: Vec<StoredAward>,
+}
+
+async fn list_awards(State(state): State<Arc<AppState>>) -> Result<Json<AwardList>, ApiError> {
     let rows = state.store().await?.awards().await?;
-    Ok(Json(
-        json!({"awards": rows.iter().map(award_json).collect::<Vec<_>>()}),
-    ))
+    Ok(Json(AwardList {
+        awards: rows.iter().map(StoredAward::of).collect(),
+    }))
 }
 
 async fn get_award(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<StoredAward>, ApiError> {
     let store = state.store().await?;
     let rows = store.awards().await?;
     let row = rows
         .iter()
         .find(|r| r.id == id)
         .ok_or_else(|| ApiError::NotFound(format!("no award named {id}")))?;
-    let mut award = award_json(row);
     // Objectives whose events are held (a function failing, quarantined or
     // refusing its config): what waits for a replay, and why.
-    let held: Vec<Value> = store
+    let held = store
         .held_objectives(&id)
         .await?
-        .iter()
-        .map(|h| {
-            json!({
-                "objective_id": h.objective_id,
-                "held_events": h.events,
-                "last_reason": h.last_reason,
-                "last_held_at": time(h.last_at),
-            })
+        .into_iter()
+        .map(|h| HeldObjective {
+            objective_id: h.objective_id,
+            held_events: h.events,
+            last_reason: h.last_reason,
+            last_held_at: time(h.last_at),
         })
         .collect();
-    award["held"] = json!(held);
-    Ok(Json(award))
+    Ok(Json(StoredAward {
+        held: Some(held),
+        ..StoredAward::of(row)
+    }))
 }
 
 fn problem_json(problem: &DefinitionError) -> Value {
@@ -295,7 +348,7 @@ async fn delete_award(
 async fn list_functions(
     State(state): State<Arc<AppState>>,
     Query(query): Query<HashMap<String, String>>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<FunctionList>, ApiError> {
     let all = flag(&query, "all")?;
     let store = state.store().await?;
     let rows = if all {
@@ -303,22 +356,39 @@ async fn list_functions(
     } else {
         store.current_functions().await?
     };
-    let functions: Vec<Value> = rows
-        .iter()
-        .map(|r| {
-            json!({
-                "name": r.name,
-                "kind": r.kind,
-                "version": r.version,
-                "sha256": r.sha256,
-                "size": r.size,
-                "builtin": r.builtin,
-                "created_at": time(r.created_at),
-                "quarantined": r.quarantine_reason,
-            })
+    let functions = rows
+        .into_iter()
+        .map(|r| FunctionLine {
+            name: r.name,
+            kind: r.kind,
+            version: r.version,
+            sha256: r.sha256,
+            size: r.size,
+            builtin: r.builtin,
+            created_at: time(r.created_at),
+            quarantined: r.quarantine_reason,
         })
         .collect();
-    Ok(Json(json!({"functions": functions})))
+    Ok(Json(FunctionList { functions }))
+}
+
+/// `GET /functions`: current versions (or every version, `?all`).
+#[derive(Debug, Serialize)]
+struct FunctionList {
+    functions: Vec<FunctionLine>,
+}
+
+#[derive(Debug, Serialize)]
+struct FunctionLine {
+    name: String,
+    kind: String,
+    version: i32,
+    sha256: String,
+    size: i64,
+    builtin: bool,
+    created_at: String,
+    /// Why the version is quarantined, if it is.
+    quarantined: Option<String>,
 }
 
 fn flag(query: &HashMap<String, String>, name: &str) -> Result<bool, ApiError> {
@@ -493,24 +563,42 @@ pub(super) fn log_entry(r: &LogRecord) -> Value {
 
 // --- sources ------------------------------------------------------------
 
-async fn list_sources(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
+async fn list_sources(State(state): State<Arc<AppState>>) -> Result<Json<SourceList>, ApiError> {
     let sources = state.store().await?.sources().await?;
-    let mut listed = Vec::with_capacity(sources.len());
-    for source in sources {
-        let mut entry = json!({
-            "name": source.name,
-            "topic": source.topic,
-            "paused": source.paused,
-            "state": if source.paused { "paused" } else { "running" },
-            "lag": null,
-        });
-        match state.lag(&source.name) {
-            Ok(lag) => entry["lag"] = json!(lag),
-            Err(error) => entry["lag_error"] = json!(error),
-        }
-        listed.push(entry);
-    }
-    Ok(Json(json!({"sources": listed})))
+    let sources = sources
+        .into_iter()
+        .map(|source| {
+            let lag = state.lag(&source.name);
+            SourceLine {
+                state: if source.paused { "paused" } else { "running" },
+                paused: source.paused,
+                name: source.name,
+                topic: source.topic,
+                lag: lag.as_ref().ok().copied(),
+                lag_error: lag.err(),
+            }
+        })
+        .collect();
+    Ok(Json(SourceList { sources }))
+}
+
+/// `GET /sources`: each source's topic, state and consumer lag.
+#[derive(Debug, Serialize)]
+struct SourceList {
+    sources: Vec<SourceLine>,
+}
+
+#[derive(Debug, Serialize)]
+struct SourceLine {
+    name: String,
+    topic: String,
+    paused: bool,
+    state: &'static str,
+    /// Messages the consumer group has not yet consumed (`null`: unknown).
+    lag: Option<i64>,
+    /// Why the lag is unknown.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lag_error: Option<String>,
 }
 
 async fn pause_source(
@@ -832,34 +920,56 @@ async fn allocate(
 // --- webhooks -----------------------------------------------------------
 
 /// A webhook; a read token sees its URL without credentials.
-fn webhook_json(w: &Webhook, caller: &Caller) -> Value {
-    let url = match caller.role {
-        Role::Admin => w.url.clone(),
-        Role::Read => crate::secrets::redact_url(&w.url),
-    };
-    json!({"name": w.name, "url": url, "events": w.events, "proxy_pool": w.proxy_pool})
+/// A webhook as the caller may see it: a read token sees its URL with
+/// credentials redacted.
+#[derive(Debug, Serialize)]
+struct WebhookLine {
+    name: String,
+    url: String,
+    events: Vec<String>,
+    proxy_pool: Option<String>,
+}
+
+impl WebhookLine {
+    fn of(w: &Webhook, caller: &Caller) -> WebhookLine {
+        let url = match caller.role {
+            Role::Admin => w.url.clone(),
+            Role::Read => crate::secrets::redact_url(&w.url),
+        };
+        WebhookLine {
+            name: w.name.clone(),
+            url,
+            events: w.events.clone(),
+            proxy_pool: w.proxy_pool.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct WebhookList {
+    webhooks: Vec<WebhookLine>,
 }
 
 async fn list_webhooks(
     State(state): State<Arc<AppState>>,
     Extension(caller): Extension<Caller>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<WebhookList>, ApiError> {
     let hooks = state.store().await?.webhooks().await?;
-    Ok(Json(
-        json!({"webhooks": hooks.iter().map(|w| webhook_json(w, &caller)).collect::<Vec<_>>()}),
-    ))
+    Ok(Json(WebhookList {
+        webhooks: hooks.iter().map(|w| WebhookLine::of(w, &caller)).collect(),
+    }))
 }
 
 async fn get_webhook(
     State(state): State<Arc<AppState>>,
     Extension(caller): Extension<Caller>,
     Path(name): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<WebhookLine>, ApiError> {
     let hooks = state.store().await?.webhooks().await?;
     hooks
         .iter()
         .find(|w| w.name == name)
-        .map(|w| Json(webhook_json(w, &caller)))
+        .map(|w| Json(WebhookLine::of(w, &caller)))
         .ok_or_else(|| ApiError::NotFound(format!("no webhook named {name}")))
 }
 
@@ -877,7 +987,7 @@ async fn put_webhook(
     State(state): State<Arc<AppState>>,
     Path(name): Path<String>,
     raw: Result<Bytes, BytesRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<WebhookLine>, ApiError> {
     let value = json_body(raw, state.settings.max_body_bytes)?;
     let hook: WebhookBody = serde_json::from_value(value)
         .map_err(|error| ApiError::unprocessable(format!("webhook {name}: {error}")))?;
@@ -888,7 +998,7 @@ async fn put_webhook(
         crate::notify::checked_webhook(&name, &hook.url, &events, hook.proxy_pool.as_deref())
             .map_err(|reason| ApiError::unprocessable(format!("webhook {name}: {reason}")))?;
     state.store().await?.set_webhook(&webhook).await?;
-    Ok(Json(webhook_json(
+    Ok(Json(WebhookLine::of(
         &webhook,
         &Caller {
             name: String::new(),

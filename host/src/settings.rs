@@ -190,12 +190,15 @@ impl Serving {
     }
 }
 
+/// A whole number of `unit`s.
+fn whole<T: std::str::FromStr>(text: &str, unit: &str) -> Result<T, String> {
+    text.parse()
+        .map_err(|_| format!("{text:?} is not a whole number{unit}"))
+}
+
 /// A number of milliseconds.
 pub fn millis(text: &str) -> Result<Duration, String> {
-    let ms: u64 = text
-        .parse()
-        .map_err(|_| format!("{text:?} is not a whole number of milliseconds"))?;
-    Ok(Duration::from_millis(ms))
+    whole(text, " of milliseconds").map(Duration::from_millis)
 }
 
 /// A number of milliseconds above zero.
@@ -209,17 +212,12 @@ pub fn positive_millis(text: &str) -> Result<Duration, String> {
 
 /// A number of seconds.
 pub fn seconds(text: &str) -> Result<Duration, String> {
-    let seconds: u64 = text
-        .parse()
-        .map_err(|_| format!("{text:?} is not a whole number of seconds"))?;
-    Ok(Duration::from_secs(seconds))
+    whole(text, " of seconds").map(Duration::from_secs)
 }
 
 /// A number of MiB above zero, as bytes.
 pub fn mebibytes(text: &str) -> Result<usize, String> {
-    let mib: usize = text
-        .parse()
-        .map_err(|_| format!("{text:?} is not a whole number of MiB"))?;
+    let mib: usize = whole(text, " of MiB")?;
     if mib == 0 {
         return Err("must be at least 1 MiB".to_string());
     }
@@ -229,9 +227,7 @@ pub fn mebibytes(text: &str) -> Result<usize, String> {
 
 /// A count above zero.
 pub fn positive(text: &str) -> Result<usize, String> {
-    let n: usize = text
-        .parse()
-        .map_err(|_| format!("{text:?} is not a whole number"))?;
+    let n: usize = whole(text, "")?;
     if n == 0 {
         return Err("must be at least 1".to_string());
     }

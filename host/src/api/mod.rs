@@ -698,11 +698,7 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
 /// A JSON number that prints whole values without a fraction (`15`, not
 /// `15.0`), as the contract's examples do.
 pub(crate) fn number(value: f64) -> Value {
-    if value.fract() == 0.0 && value.abs() < 9.0e15 {
-        json!(value as i64)
-    } else {
-        json!(value)
-    }
+    whole_number(&value, serde_json::value::Serializer).unwrap_or(Value::Null)
 }
 
 /// `number` for a typed response's field (`serialize_with`).

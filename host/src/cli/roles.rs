@@ -190,15 +190,9 @@ async fn start<'a>(
     stop: &watch::Receiver<bool>,
 ) -> anyhow::Result<Running<'a>> {
     let stopped = until_stopped(stop.clone());
-    let Shared {
-        connections,
-        serving,
-        registry,
-        catalog,
-    } = shared;
-    let (connections, serving) = (*connections, *serving);
+    let (connections, serving) = (shared.connections, shared.serving);
     let database_url = connections.database_url.as_str();
-    let (registry, catalog) = (registry.clone(), catalog.clone());
+    let (registry, catalog) = (shared.registry.clone(), shared.catalog.clone());
     let name = role.name();
     Ok(match role {
         Role::Ingest => {

@@ -114,23 +114,9 @@ async fn sigterm_with_a_stalled_request_stops_by_the_deadline() {
         .map(KillOnDrop)
         .unwrap();
     // The address it took (port 0), as it prints it.
-    let stdout = child.0.stdout.take().unwrap();
-    let (found, address) = std::sync::mpsc::channel();
-    // Read on (and keep reading: a closed pipe would fail its next print).
-    std::thread::spawn(move || {
-        for line in std::io::BufRead::lines(std::io::BufReader::new(stdout)).map_while(Result::ok) {
-            if let Some(addr) = line
-                .strip_prefix("HTTP API at http://")
-                .and_then(|rest| rest.split_whitespace().next())
-            {
-                let _ = found.send(addr.to_string());
-            }
-        }
-    });
-    let addr = address
-        .recv_timeout(Duration::from_secs(60))
-        .expect("laurel serve prints its address");
-    let mut stream = TcpStream::connect(&addr).unwrap();
+    let url = child.printed_api_url();
+    let addr = url.trim_start_matches("http://");
+    let mut stream = TcpStream::connect(addr).unwrap();
     // A request whose body never finishes: a handler waits on it.
     write!(
         stream,

@@ -159,6 +159,29 @@ async fn connect(url: &str) -> tokio_postgres::Client {
 /// (a `laurel` left running would hold ports and CPU for the rest).
 pub struct KillOnDrop(pub std::process::Child);
 
+impl KillOnDrop {
+    /// The API's base URL (`http://ADDR`) as a `laurel` process prints it
+    /// (it was given port 0). Its stdout is read on to the end, so a
+    /// closed pipe never fails a later print.
+    pub fn printed_api_url(&mut self) -> String {
+        let stdout = self.0.stdout.take().expect("stdout is piped");
+        let (found, url) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let lines = std::io::BufRead::lines(std::io::BufReader::new(stdout));
+            for line in lines.map_while(Result::ok) {
+                if let Some(url) = line
+                    .strip_prefix("HTTP API at ")
+                    .and_then(|rest| rest.split_whitespace().next())
+                {
+                    let _ = found.send(url.to_string());
+                }
+            }
+        });
+        url.recv_timeout(std::time::Duration::from_secs(60))
+            .expect("laurel prints its API's address")
+    }
+}
+
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
         if let Ok(None) = self.0.try_wait() {

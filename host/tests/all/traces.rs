@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::support::TestDb;
+use crate::support::{KillOnDrop, TestDb};
 
 /// One request the collector got: its request line, headers and body.
 struct Received {
@@ -82,22 +82,9 @@ async fn http_request_spans_reach_an_otlp_collector() {
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
+        .map(KillOnDrop)
         .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let (found, address) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if let Some(addr) = line
-                .strip_prefix("HTTP API at ")
-                .and_then(|rest| rest.split_whitespace().next())
-            {
-                let _ = found.send(addr.to_string());
-            }
-        }
-    });
-    let base = address
-        .recv_timeout(Duration::from_secs(60))
-        .expect("laurel serve prints its address");
+    let base = child.printed_api_url();
     let _ = rustls::crypto::ring::default_provider().install_default();
     for _ in 0..3 {
         let health = reqwest::get(format!("{base}/healthz")).await.unwrap();
@@ -110,11 +97,11 @@ async fn http_request_spans_reach_an_otlp_collector() {
 
     // A stop sends what is still buffered.
     Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
+        .args(["-TERM", &child.0.id().to_string()])
         .status()
         .unwrap();
     let started = Instant::now();
-    while child.try_wait().unwrap().is_none() {
+    while child.0.try_wait().unwrap().is_none() {
         assert!(
             started.elapsed() < Duration::from_secs(30),
             "laurel did not stop"

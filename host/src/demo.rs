@@ -44,8 +44,7 @@ pub fn run(registry: &Arc<Registry>) -> anyhow::Result<()> {
     let events = REVIEWS
         .iter()
         .map(|json| Envelope::parse(json.as_bytes()).map(|e| e.to_function_event()))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(anyhow::Error::msg)?;
+        .collect::<Result<Vec<_>, _>>()?;
     let from_source = source.instance().matches(&events)?;
     let long_enough = length.instance().matches(&events)?;
     let contributions = rule.instance().contribute(&events)?;

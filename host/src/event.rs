@@ -49,12 +49,26 @@ pub struct Envelope {
     pub payload: Map<String, Value>,
 }
 
+/// Why a message is not an event of the contract; in words, the reason an
+/// operator reads on its dead letter.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EnvelopeError {
+    /// Not JSON, or a named field missing or of the wrong type.
+    #[error("malformed event: {0}")]
+    Json(String),
+    /// A named field out of bounds (empty, too long, a NUL).
+    #[error("malformed event: `{field}` {reason}")]
+    Field { field: &'static str, reason: String },
+    /// The payload out of bounds (a number, a text, its size).
+    #[error("payload: {0}")]
+    Payload(String),
+}
+
 impl Envelope {
-    /// Parses and checks one message's value; the error is the reason an
-    /// operator reads (`malformed event: ...`).
-    pub fn parse(bytes: &[u8]) -> Result<Envelope, String> {
+    /// Parses and checks one message's value.
+    pub fn parse(bytes: &[u8]) -> Result<Envelope, EnvelopeError> {
         let mut envelope: Envelope =
-            serde_json::from_slice(bytes).map_err(|e| format!("malformed event: {e}"))?;
+            serde_json::from_slice(bytes).map_err(|e| EnvelopeError::Json(e.to_string()))?;
         envelope.check(bytes.len())?;
         // As PostgreSQL keeps it: an event compared with the stored last
         // event of its item must compare equal to itself.
@@ -62,7 +76,7 @@ impl Envelope {
         Ok(envelope)
     }
 
-    fn check(&self, message_bytes: usize) -> Result<(), String> {
+    fn check(&self, message_bytes: usize) -> Result<(), EnvelopeError> {
         id_field("id", &self.id)?;
         id_field("user_id", &self.user_id)?;
         if let Some(content) = &self.content_id {
@@ -84,7 +98,7 @@ impl Envelope {
             check_text(key)
                 .map_err(|reason| format!("a key {reason}"))
                 .and_then(|()| check_value(value, pointer_len(key), &mut budget))
-                .map_err(|reason| format!("payload: {reason}"))?;
+                .map_err(EnvelopeError::Payload)?;
         }
         Ok(())
     }
@@ -113,25 +127,30 @@ impl Envelope {
     }
 }
 
-fn id_field(name: &str, value: &str) -> Result<(), String> {
+fn id_field(field: &'static str, value: &str) -> Result<(), EnvelopeError> {
     if value.is_empty() {
-        return Err(format!("malformed event: `{name}` must not be empty"));
+        return Err(EnvelopeError::Field {
+            field,
+            reason: "must not be empty".into(),
+        });
     }
-    bounded(name, value, MAX_ID_BYTES)
+    bounded(field, value, MAX_ID_BYTES)
 }
 
-fn name_field(name: &str, value: &str) -> Result<(), String> {
-    bounded(name, value, MAX_NAME_BYTES)
+fn name_field(field: &'static str, value: &str) -> Result<(), EnvelopeError> {
+    bounded(field, value, MAX_NAME_BYTES)
 }
 
-fn bounded(name: &str, value: &str, max: usize) -> Result<(), String> {
-    if value.len() > max {
-        return Err(format!(
-            "malformed event: `{name}` is {} bytes, over the limit of {max}",
-            value.len()
-        ));
-    }
-    check_text(value).map_err(|reason| format!("malformed event: `{name}` {reason}"))
+fn bounded(field: &'static str, value: &str, max: usize) -> Result<(), EnvelopeError> {
+    let reason = if value.len() > max {
+        format!("is {} bytes, over the limit of {max}", value.len())
+    } else {
+        match check_text(value) {
+            Ok(()) => return Ok(()),
+            Err(reason) => reason,
+        }
+    };
+    Err(EnvelopeError::Field { field, reason })
 }
 
 /// PostgreSQL stores no NUL in text or JSON, and functions may pass a
@@ -290,7 +309,9 @@ mod tests {
     }
 
     fn refusal(overrides: Value) -> String {
-        Envelope::parse(&envelope(overrides)).unwrap_err()
+        Envelope::parse(&envelope(overrides))
+            .unwrap_err()
+            .to_string()
     }
 
     #[test]
@@ -324,7 +345,7 @@ mod tests {
         let mut bytes = envelope(json!({"trace_id": "abc", "extra": {"deep": [1, 2]}}));
         assert_eq!(Envelope::parse(&bytes).unwrap().id, "e1");
         bytes = envelope(json!({"authorized": "yes"}));
-        let error = Envelope::parse(&bytes).unwrap_err();
+        let error = Envelope::parse(&bytes).unwrap_err().to_string();
         assert!(
             error.starts_with("malformed event: invalid type: string \"yes\", expected a boolean"),
             "{error}"
@@ -368,6 +389,7 @@ mod tests {
         assert!(
             Envelope::parse(bytes.as_bytes())
                 .unwrap_err()
+                .to_string()
                 .starts_with("malformed event: number out of range"),
         );
     }
@@ -377,7 +399,7 @@ mod tests {
         // One long key over a long array: each element repeats the key.
         let key = "k".repeat(100_000);
         let bytes = envelope(json!({"payload": {key: vec![0; 5_000]}}));
-        let error = Envelope::parse(&bytes).unwrap_err();
+        let error = Envelope::parse(&bytes).unwrap_err().to_string();
         assert!(
             error.starts_with(
                 "payload: its flattened form (JSON pointer and text of every field) is over"
@@ -417,6 +439,7 @@ mod tests {
         assert!(
             Envelope::parse(bytes.as_bytes())
                 .unwrap_err()
+                .to_string()
                 .starts_with("malformed event: recursion limit exceeded"),
         );
     }

@@ -4,8 +4,10 @@
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde_json::{Value, json};
+use serde::Serialize;
 use tracing::error;
+
+use crate::definitions::DefinitionError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -33,7 +35,7 @@ pub enum ApiError {
     #[error("{message}")]
     Unprocessable {
         message: String,
-        problems: Vec<Value>,
+        problems: Vec<Problem>,
     },
     /// A backing service (PostgreSQL, Redis, Kafka) is not answering.
     #[error("{0}")]
@@ -48,7 +50,46 @@ pub enum ApiError {
     Unexpected(#[from] anyhow::Error),
 }
 
+/// Every error's body: `{"error": "..."}`, with `problems` for a refused
+/// definition.
+#[derive(Debug, Serialize)]
+pub struct ErrorBody {
+    pub error: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub problems: Vec<Problem>,
+}
+
+/// One thing wrong with an award definition, as data and in words.
+#[derive(Debug, Serialize)]
+pub struct Problem {
+    pub award: String,
+    pub objective: Option<String>,
+    pub function: Option<String>,
+    pub reason: String,
+    pub message: String,
+}
+
+impl From<&DefinitionError> for Problem {
+    fn from(problem: &DefinitionError) -> Problem {
+        Problem {
+            award: problem.award.clone(),
+            objective: problem.objective.clone(),
+            function: problem.function.clone(),
+            reason: problem.reason.clone(),
+            message: problem.to_string(),
+        }
+    }
+}
+
 impl ApiError {
+    /// A refusal naming each problem with a definition.
+    pub fn refused(message: impl Into<String>, problems: &[DefinitionError]) -> ApiError {
+        ApiError::Unprocessable {
+            message: message.into(),
+            problems: problems.iter().map(Problem::from).collect(),
+        }
+    }
+
     pub fn unprocessable(message: impl Into<String>) -> ApiError {
         ApiError::Unprocessable {
             message: message.into(),
@@ -137,16 +178,23 @@ impl From<crate::proxy::ProxyPoolError> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
-        let body = match &self {
+        let body = match self {
             ApiError::Unexpected(error) => {
                 // The details are for the operator's log, not the caller.
                 error!(message = "Request failed.", error = %format!("{error:#}"));
-                json!({"error": "internal error (details are in Laurel's log)"})
+                ErrorBody {
+                    error: "internal error (details are in Laurel's log)".into(),
+                    problems: Vec::new(),
+                }
             }
-            ApiError::Unprocessable { message, problems } if !problems.is_empty() => {
-                json!({"error": message, "problems": problems})
-            }
-            other => json!({"error": other.to_string()}),
+            ApiError::Unprocessable { message, problems } => ErrorBody {
+                error: message,
+                problems,
+            },
+            other => ErrorBody {
+                error: other.to_string(),
+                problems: Vec::new(),
+            },
         };
         let mut response = (status, axum::Json(body)).into_response();
         if status == StatusCode::UNAUTHORIZED {

@@ -9,9 +9,8 @@ use std::sync::Arc;
 use axum::Json;
 use axum::extract::{Path, Query, State};
 use serde::Serialize;
-use serde_json::{Value, json};
 
-use super::admin::{log_entry, time};
+use super::admin::{LogEntry, log_entry, time};
 use super::progress::{Audience, AwardProgress, AwardSummary, user_awards};
 use super::{ApiError, AppState};
 use crate::event::Envelope;
@@ -91,7 +90,7 @@ pub async fn explain(
             .await?;
         let event_ids: Vec<&str> = idle.iter().map(|i| i.event_id.as_str()).collect();
         let idle_log = store.user_event_log(&user_id, &event_ids).await?;
-        let listed: Vec<Value> = contributing
+        let listed: Vec<Contribution> = contributing
             .iter()
             .take(CONTRIBUTING_MAX as usize)
             .map(contribution)
@@ -136,7 +135,7 @@ pub struct Explanation {
     user_id: String,
     objectives: Vec<ExplainedObjective>,
     /// The processing log's entries for this award, newest first.
-    recent_events: Vec<Value>,
+    recent_events: Vec<LogEntry>,
     /// The user's recent events run through the objectives again.
     recent_events_evaluated: Vec<EvaluatedEvent>,
     /// Why `recent_events_evaluated` is empty or short (Kafka away, ...).
@@ -153,21 +152,42 @@ struct ExplainedObjective {
     /// The sources its filters can match (`null`: any).
     sources: Option<Vec<String>>,
     counters: Counters,
-    contributing: Vec<Value>,
+    contributing: Vec<Contribution>,
     contributing_truncated: bool,
-    not_contributing: Vec<Value>,
+    not_contributing: Vec<IdleItem>,
 }
 
-fn contribution(item: &ItemRow) -> Value {
-    json!({
-        "source": item.source,
-        "content_id": item.content_id,
-        "counters": item.counters,
-        // Items with the same key count once between them.
-        "dedup_key": item.dedup_key,
-        "event_id": item.event_id,
-        "occurred_at": time(item.occurred_at),
-    })
+/// A content item and what it contributes to the objective.
+#[derive(Debug, Serialize)]
+struct Contribution {
+    source: String,
+    content_id: String,
+    counters: Counters,
+    /// Items with the same key count once between them.
+    dedup_key: Option<String>,
+    event_id: String,
+    occurred_at: String,
+}
+
+fn contribution(item: &ItemRow) -> Contribution {
+    Contribution {
+        source: item.source.clone(),
+        content_id: item.content_id.clone(),
+        counters: item.counters.clone(),
+        dedup_key: item.dedup_key.clone(),
+        event_id: item.event_id.clone(),
+        occurred_at: time(item.occurred_at),
+    }
+}
+
+/// A content item that contributes nothing to the objective, and why.
+#[derive(Debug, Serialize)]
+struct IdleItem {
+    source: String,
+    content_id: String,
+    event_id: String,
+    occurred_at: String,
+    why: String,
 }
 
 /// An item that contributes nothing, with the log's word on why when the
@@ -179,7 +199,7 @@ fn idle_item(
     objective_id: &str,
     log: &[LogRecord],
     evaluated: &[EvaluatedEvent],
-) -> Value {
+) -> IdleItem {
     let logged = log
         .iter()
         .filter(|r| r.event_id.as_deref() == Some(item.event_id.as_str()))
@@ -210,13 +230,13 @@ fn idle_item(
         "its last event did not pass this objective's filters, or its rule counted nothing"
             .to_string()
     });
-    json!({
-        "source": item.source,
-        "content_id": item.content_id,
-        "event_id": item.event_id,
-        "occurred_at": time(item.occurred_at),
-        "why": why,
-    })
+    IdleItem {
+        source: item.source.clone(),
+        content_id: item.content_id.clone(),
+        event_id: item.event_id.clone(),
+        occurred_at: time(item.occurred_at),
+        why,
+    }
 }
 
 /// One of the user's recent events, as every objective sees it now.
@@ -282,7 +302,7 @@ async fn recent_events(
             Ok(payloads) => {
                 envelopes.extend(payloads.iter().filter_map(|p| Envelope::parse(p).ok()))
             }
-            Err(error) => problems.push(error),
+            Err(error) => problems.push(error.to_string()),
         }
     }
     envelopes.sort_by_key(|e| std::cmp::Reverse(e.occurred_at));

@@ -32,7 +32,8 @@ use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use serde_json::{Value, json};
+use serde::Serialize;
+use serde_json::Value;
 use tokio::net::TcpListener;
 use tracing::{Instrument, info, warn};
 
@@ -253,7 +254,8 @@ async fn watch_kafka(
         };
         let health = crate::ingest::check_brokers(&brokers, Duration::from_secs(3))
             .await
-            .map(|_| ());
+            .map(|_| ())
+            .map_err(|e| e.to_string());
         if store.as_ref().is_none_or(|s| s.is_closed()) {
             store = crate::store::Store::connect(&database_url).await.ok();
         }
@@ -265,7 +267,9 @@ async fn watch_kafka(
         if health.is_ok() {
             for source in sources {
                 let group = format!("{group_prefix}.{}", source.name);
-                let value = crate::ingest::consumer_lag(&brokers, &group, &source.topic).await;
+                let value = crate::ingest::consumer_lag(&brokers, &group, &source.topic)
+                    .await
+                    .map_err(|e| e.to_string());
                 lag.insert(source.name, value);
             }
         }
@@ -598,7 +602,8 @@ async fn healthz(State(state): State<Arc<AppState>>) -> Response {
             // Before the watcher's first look: one look now.
             (None, Some(brokers)) => crate::ingest::check_brokers(brokers, LIMIT)
                 .await
-                .map(|_| ()),
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
             (None, None) => Ok(()),
         }
     };
@@ -612,25 +617,53 @@ async fn healthz(State(state): State<Arc<AppState>>) -> Response {
     } else {
         Some(kafka)
     };
-    let report = |r: &Result<(), String>| match r {
-        Ok(()) => json!({"ok": true}),
-        Err(error) => json!({"ok": false, "error": error}),
-    };
     let healthy = postgres.is_ok() && redis.is_ok() && kafka.as_ref().is_none_or(Result::is_ok);
-    let mut checks = json!({"postgres": report(&postgres), "redis": report(&redis)});
-    if let Some(kafka) = &kafka {
-        checks["kafka"] = report(kafka);
-    }
+    let health = Health {
+        status: if healthy { "ok" } else { "unavailable" },
+        checks: Checks {
+            postgres: Check::of(postgres),
+            redis: Check::of(redis),
+            kafka: kafka.map(Check::of),
+        },
+    };
     let status = if healthy {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    (
-        status,
-        axum::Json(json!({"status": if healthy { "ok" } else { "unavailable" }, "checks": checks})),
-    )
-        .into_response()
+    (status, axum::Json(health)).into_response()
+}
+
+/// `GET /healthz`: `ok`, or `unavailable` with which check failed and why.
+#[derive(Debug, Serialize)]
+struct Health {
+    status: &'static str,
+    checks: Checks,
+}
+
+#[derive(Debug, Serialize)]
+struct Checks {
+    postgres: Check,
+    redis: Check,
+    /// Only where this process has brokers to check.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    kafka: Option<Check>,
+}
+
+#[derive(Debug, Serialize)]
+struct Check {
+    ok: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+}
+
+impl Check {
+    fn of(result: Result<(), String>) -> Check {
+        Check {
+            ok: result.is_ok(),
+            error: result.err(),
+        }
+    }
 }
 
 /// A path no Laurel route takes: an HTTP function's, if `spin.toml`
@@ -696,12 +729,8 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
 }
 
 /// A JSON number that prints whole values without a fraction (`15`, not
-/// `15.0`), as the contract's examples do.
-pub(crate) fn number(value: f64) -> Value {
-    whole_number(&value, serde_json::value::Serializer).unwrap_or(Value::Null)
-}
-
-/// `number` for a typed response's field (`serialize_with`).
+/// `15.0`), as the contract's examples do (a typed response's field, with
+/// `serialize_with`).
 pub(crate) fn whole_number<S: serde::Serializer>(value: &f64, to: S) -> Result<S::Ok, S::Error> {
     if value.fract() == 0.0 && value.abs() < 9.0e15 {
         to.serialize_i64(*value as i64)

@@ -212,7 +212,7 @@ pub(super) async fn proxies(
                 max_in_flight,
                 allow_private,
             };
-            proxy::checked_pool(&pool).map_err(anyhow::Error::msg)?;
+            proxy::checked_pool(&pool)?;
             store().await?.set_proxy_pool(&pool).await?;
             println!(
                 "proxy pool {} ({}, checked via {})",
@@ -253,9 +253,7 @@ pub(super) async fn proxies(
             let list = if source == "-" {
                 std::io::read_to_string(std::io::stdin()).context("failed to read stdin")?
             } else if source.starts_with("http://") || source.starts_with("https://") {
-                proxy::candidates::fetch_list(&source)
-                    .await
-                    .map_err(anyhow::Error::msg)?
+                proxy::candidates::fetch_list(&source).await?
             } else {
                 std::fs::read_to_string(&source)
                     .with_context(|| format!("failed to read {source}"))?

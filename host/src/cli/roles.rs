@@ -259,8 +259,7 @@ async fn start_api(
     let state = Arc::new(crate::api::AppState::new(settings, registry, catalog));
     if let Some(path) = serving.process.spin_manifest() {
         let manifest =
-            crate::runtime::http::manifest::load(&path, &|name| std::env::var(name).ok())
-                .map_err(anyhow::Error::msg)?;
+            crate::runtime::http::manifest::load(&path, &|name| std::env::var(name).ok())?;
         let routes: Vec<String> = manifest
             .routes
             .iter()

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, Message, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, FutureProducer, FutureRecord, Producer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
@@ -295,10 +296,48 @@ pub async fn publish(
 }
 
 /// The partitions of `topic` (none if it does not exist).
-fn partitions(consumer: &BaseConsumer, topic: &str, timeout: Duration) -> Result<Vec<i32>, String> {
+/// Why the brokers could not be asked something (support reads: health,
+/// lag, a user's recent events).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum BrokerError {
+    /// A request failed or was not answered in time.
+    #[error("{asking}: {source}")]
+    Request {
+        /// What was asked, e.g. `watermarks of events.photos/0`.
+        asking: String,
+        source: KafkaError,
+    },
+    #[error("topic {0} does not exist")]
+    NoTopic(String),
+    /// The blocking task that asked panicked or was cancelled.
+    #[error("{asking} failed: {reason}")]
+    Task {
+        asking: &'static str,
+        reason: String,
+    },
+}
+
+/// Names a failed request for its [`BrokerError`].
+fn asking(what: impl Into<String>) -> impl FnOnce(KafkaError) -> BrokerError {
+    let asking = what.into();
+    move |source| BrokerError::Request { asking, source }
+}
+
+fn task(asking: &'static str) -> impl FnOnce(tokio::task::JoinError) -> BrokerError {
+    move |error| BrokerError::Task {
+        asking,
+        reason: error.to_string(),
+    }
+}
+
+fn partitions(
+    consumer: &BaseConsumer,
+    topic: &str,
+    timeout: Duration,
+) -> Result<Vec<i32>, BrokerError> {
     let metadata = consumer
         .fetch_metadata(Some(topic), timeout)
-        .map_err(|e| format!("metadata of {topic}: {e}"))?;
+        .map_err(asking(format!("metadata of {topic}")))?;
     Ok(metadata
         .topics()
         .iter()
@@ -315,7 +354,7 @@ pub async fn recent_messages(
     topic: &str,
     key: &str,
     scan: i64,
-) -> Result<Vec<Vec<u8>>, String> {
+) -> Result<Vec<Vec<u8>>, BrokerError> {
     const TIMEOUT: Duration = Duration::from_secs(3);
     let (brokers, topic, key) = (brokers.to_string(), topic.to_string(), key.to_string());
     tokio::task::spawn_blocking(move || {
@@ -323,7 +362,7 @@ pub async fn recent_messages(
             .set("group.id", "laurel-explain")
             .set("enable.auto.commit", "false")
             .create()
-            .map_err(|e| format!("Kafka client for {brokers}: {e}"))?;
+            .map_err(asking(format!("Kafka client for {brokers}")))?;
         let partitions = partitions(&consumer, &topic, TIMEOUT)?;
         // Declared after the consumer, so dropped before it (a list
         // outliving its consumer makes the consumer's drop hang).
@@ -332,11 +371,11 @@ pub async fn recent_messages(
         for partition in partitions {
             let (low, high) = consumer
                 .fetch_watermarks(&topic, partition, TIMEOUT)
-                .map_err(|e| format!("watermarks of {topic}/{partition}: {e}"))?;
+                .map_err(asking(format!("watermarks of {topic}/{partition}")))?;
             if high > low {
                 assignment
                     .add_partition_offset(&topic, partition, Offset::Offset((high - scan).max(low)))
-                    .map_err(|e| e.to_string())?;
+                    .map_err(asking(format!("offsets of {topic}/{partition}")))?;
                 ends.insert(partition, high);
             }
         }
@@ -346,7 +385,7 @@ pub async fn recent_messages(
         }
         consumer
             .assign(&assignment)
-            .map_err(|e| format!("reading {topic}: {e}"))?;
+            .map_err(asking(format!("reading {topic}")))?;
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while !ends.is_empty() && std::time::Instant::now() < deadline {
             match consumer.poll(Duration::from_millis(200)) {
@@ -361,37 +400,37 @@ pub async fn recent_messages(
                         ends.remove(&message.partition());
                     }
                 }
-                Some(Err(error)) => return Err(format!("reading {topic}: {error}")),
+                Some(Err(error)) => return Err(asking(format!("reading {topic}"))(error)),
                 None => {}
             }
         }
         Ok(found)
     })
     .await
-    .map_err(|e| format!("reading recent events failed: {e}"))?
+    .map_err(task("reading recent events"))?
 }
 
 /// Answers if the brokers do: fetches the cluster's metadata within
 /// `timeout`; returns how many brokers it lists.
-pub async fn check_brokers(brokers: &str, timeout: Duration) -> Result<usize, String> {
+pub async fn check_brokers(brokers: &str, timeout: Duration) -> Result<usize, BrokerError> {
     let brokers = brokers.to_string();
     tokio::task::spawn_blocking(move || {
         let consumer: BaseConsumer = client_config(&brokers)
             .create()
-            .map_err(|e| format!("Kafka client for {brokers}: {e}"))?;
+            .map_err(asking(format!("Kafka client for {brokers}")))?;
         let metadata = consumer
             .fetch_metadata(None, timeout)
-            .map_err(|e| format!("Kafka at {brokers}: {e}"))?;
+            .map_err(asking(format!("Kafka at {brokers}")))?;
         Ok(metadata.brokers().len())
     })
     .await
-    .map_err(|e| format!("Kafka check failed: {e}"))?
+    .map_err(task("Kafka check"))?
 }
 
 /// How far a consumer group is behind on `topic`: the sum over its
 /// partitions of the high watermark minus the group's committed offset
 /// (the low watermark where the group has committed nothing).
-pub async fn consumer_lag(brokers: &str, group: &str, topic: &str) -> Result<i64, String> {
+pub async fn consumer_lag(brokers: &str, group: &str, topic: &str) -> Result<i64, BrokerError> {
     const TIMEOUT: Duration = Duration::from_secs(3);
     let (brokers, group, topic) = (brokers.to_string(), group.to_string(), topic.to_string());
     tokio::task::spawn_blocking(move || {
@@ -399,10 +438,10 @@ pub async fn consumer_lag(brokers: &str, group: &str, topic: &str) -> Result<i64
             .set("group.id", &group)
             .set("enable.auto.commit", "false")
             .create()
-            .map_err(|e| format!("Kafka client for {brokers}: {e}"))?;
+            .map_err(asking(format!("Kafka client for {brokers}")))?;
         let partitions = partitions(&consumer, &topic, TIMEOUT)?;
         if partitions.is_empty() {
-            return Err(format!("topic {topic} does not exist"));
+            return Err(BrokerError::NoTopic(topic));
         }
         let mut wanted = TopicPartitionList::new();
         for partition in &partitions {
@@ -413,12 +452,12 @@ pub async fn consumer_lag(brokers: &str, group: &str, topic: &str) -> Result<i64
             // outliving it makes the consumer's drop hang.
             let committed = consumer
                 .committed_offsets(wanted, TIMEOUT)
-                .map_err(|e| format!("committed offsets of group {group}: {e}"))?;
+                .map_err(asking(format!("committed offsets of group {group}")))?;
             let mut lag = 0i64;
             for partition in &partitions {
                 let (low, high) = consumer
                     .fetch_watermarks(&topic, *partition, TIMEOUT)
-                    .map_err(|e| format!("watermarks of {topic}/{partition}: {e}"))?;
+                    .map_err(asking(format!("watermarks of {topic}/{partition}")))?;
                 let at = match committed
                     .find_partition(&topic, *partition)
                     .map(|p| p.offset())
@@ -433,5 +472,5 @@ pub async fn consumer_lag(brokers: &str, group: &str, topic: &str) -> Result<i64
         Ok(lag)
     })
     .await
-    .map_err(|e| format!("lag check failed: {e}"))?
+    .map_err(task("lag check"))?
 }

@@ -16,7 +16,8 @@ mod replay;
 mod verdict;
 
 pub use kafka::{
-    EventPublisher, LocalBroker, check_brokers, consumer_lag, producer, publish, recent_messages,
+    BrokerError, EventPublisher, LocalBroker, check_brokers, consumer_lag, producer, publish,
+    recent_messages,
 };
 pub use plan::{Evaluation, Plan, Scope};
 pub use replay::{ReplayReport, replay};
@@ -756,7 +757,7 @@ fn check_message(
             value.len()
         ));
     }
-    let envelope = Envelope::parse(value)?;
+    let envelope = Envelope::parse(value).map_err(|e| e.to_string())?;
     if envelope.source != source {
         return Err(format!(
             "unknown source `{}`: this topic carries source `{source}`",

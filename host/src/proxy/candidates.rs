@@ -14,7 +14,7 @@ use super::{Policy, ProxyError, ProxyPools, check_pool};
 use crate::store::{ProxyPoolRow, Store, StoreError};
 
 /// A line of a candidate list that is not a proxy address.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct JunkLine {
     /// 1-based.
     pub line: usize,
@@ -104,9 +104,16 @@ impl Eligibility {
     }
 }
 
-/// Checks a pool's settings before they are stored: every problem in one
-/// message naming the pool.
-pub fn checked_pool(pool: &ProxyPoolRow) -> Result<(), String> {
+/// A pool's settings that cannot be stored, with every problem.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("proxy pool {pool}: {}", problems.join("; "))]
+pub struct InvalidPool {
+    pub pool: String,
+    pub problems: Vec<String>,
+}
+
+/// Checks a pool's settings before they are stored: every problem at once.
+pub fn checked_pool(pool: &ProxyPoolRow) -> Result<(), InvalidPool> {
     let mut problems = Vec::new();
     if let Err(error) = check_pool(&pool.name) {
         problems.push(error.to_string());
@@ -151,7 +158,10 @@ pub fn checked_pool(pool: &ProxyPoolRow) -> Result<(), String> {
     if problems.is_empty() {
         Ok(())
     } else {
-        Err(format!("proxy pool {}: {}", pool.name, problems.join("; ")))
+        Err(InvalidPool {
+            pool: pool.name.clone(),
+            problems,
+        })
     }
 }
 
@@ -510,50 +520,52 @@ pub async fn run(
 /// The largest candidate list read from a URL.
 pub const MAX_LIST_BYTES: usize = 8 << 20;
 
+/// Why a proxy list could not be fetched (the URL shown without its
+/// credentials).
+#[derive(Debug, thiserror::Error)]
+pub enum ListFetchError {
+    #[error("an HTTP client: {0}")]
+    Client(String),
+    #[error("GET {url} failed: {reason}")]
+    Failed { url: String, reason: String },
+    #[error("GET {url} answered {status}")]
+    Status {
+        url: String,
+        status: reqwest::StatusCode,
+    },
+    #[error("GET {url}: the list is over {} MiB", MAX_LIST_BYTES >> 20)]
+    TooLarge { url: String },
+    #[error("GET {url}: the list is not UTF-8 text")]
+    NotText { url: String },
+}
+
 /// Fetches a free proxy list from an http(s) URL (directly, not through a
 /// pool), refusing more than [`MAX_LIST_BYTES`].
-pub async fn fetch_list(url: &str) -> Result<String, String> {
+pub async fn fetch_list(url: &str) -> Result<String, ListFetchError> {
+    let shown = || crate::secrets::redact_url(url);
+    let failed = |e: reqwest::Error| ListFetchError::Failed {
+        url: shown(),
+        reason: crate::notify::error_chain(&e.without_url()),
+    };
     let client = crate::notify::http_client()
         .timeout(Duration::from_secs(30))
         .build()
-        .map_err(|e| e.to_string())?;
-    let mut response = client.get(url).send().await.map_err(|e| {
-        format!(
-            "GET {} failed: {}",
-            crate::secrets::redact_url(url),
-            crate::notify::error_chain(&e.without_url())
-        )
-    })?;
+        .map_err(|e| ListFetchError::Client(e.to_string()))?;
+    let mut response = client.get(url).send().await.map_err(failed)?;
     if !response.status().is_success() {
-        return Err(format!(
-            "GET {} answered {}",
-            crate::secrets::redact_url(url),
-            response.status()
-        ));
+        return Err(ListFetchError::Status {
+            url: shown(),
+            status: response.status(),
+        });
     }
     let mut body = Vec::new();
-    while let Some(chunk) = response.chunk().await.map_err(|e| {
-        format!(
-            "GET {} failed: {}",
-            crate::secrets::redact_url(url),
-            crate::notify::error_chain(&e.without_url())
-        )
-    })? {
+    while let Some(chunk) = response.chunk().await.map_err(failed)? {
         body.extend_from_slice(&chunk);
         if body.len() > MAX_LIST_BYTES {
-            return Err(format!(
-                "GET {}: the list is over {} MiB",
-                crate::secrets::redact_url(url),
-                MAX_LIST_BYTES >> 20
-            ));
+            return Err(ListFetchError::TooLarge { url: shown() });
         }
     }
-    String::from_utf8(body).map_err(|_| {
-        format!(
-            "GET {}: the list is not UTF-8 text",
-            crate::secrets::redact_url(url)
-        )
-    })
+    String::from_utf8(body).map_err(|_| ListFetchError::NotText { url: shown() })
 }
 
 /// One proxy of a pool as an operator sees it.

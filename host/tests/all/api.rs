@@ -1471,7 +1471,7 @@ async fn openapi_document_matches_the_routes() {
     let sources = [
         include_str!("../../src/api/mod.rs"),
         include_str!("../../src/api/public.rs"),
-        include_str!("../../src/api/admin.rs"),
+        include_str!("../../src/api/admin/mod.rs"),
     ];
     let mut declared = 0;
     for (index, source) in sources.iter().enumerate() {
@@ -1479,7 +1479,20 @@ async fn openapi_document_matches_the_routes() {
         for piece in source.split(".route(").skip(1) {
             let path = piece.trim_start().trim_start_matches('"');
             let path = &path[..path.find('"').unwrap()];
-            let methods = &piece[..piece.find(")\n").unwrap_or(piece.len())];
+            // Up to the parenthesis that closes `.route(`.
+            let mut depth = 1;
+            let end = piece
+                .char_indices()
+                .find(|(_, c)| {
+                    match c {
+                        '(' => depth += 1,
+                        ')' => depth -= 1,
+                        _ => {}
+                    }
+                    depth == 0
+                })
+                .map_or(piece.len(), |(at, _)| at);
+            let methods = &piece[..end];
             for method in ["get", "put", "post", "delete"] {
                 if methods.contains(&format!("{method}(")) {
                     declared += 1;

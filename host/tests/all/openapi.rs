@@ -1,11 +1,15 @@
 //! The OpenAPI document against what the server answers, both ways: every
 //! field a documented body must have is there, and every field an answer
-//! has is documented (with its JSON type), for each GET route's 200 and
-//! for the error shape.
+//! has is documented (with its JSON type), for every route's documented
+//! JSON answers (reads and writes) and for the error shape. A documented
+//! answer the test does not reach fails it too.
+
+use std::collections::BTreeSet;
 
 use serde_json::{Value, json};
 
-use crate::api::{ADMIN, AWARDS, JWT_SECRET, Server, database_with, user_token};
+use crate::api::{ADMIN, AWARDS, Answer, JWT_SECRET, Server, user_token};
+use crate::pipeline_support::{Pipeline, event};
 
 /// What in `value` the schema (of `document`) does not allow, with where.
 fn problems(value: &Value, schema: &Value, document: &Value, at: &str) -> Vec<String> {
@@ -17,6 +21,16 @@ fn problems(value: &Value, schema: &Value, document: &Value, at: &str) -> Vec<St
             "{at}: {reference} is not in the document"
         );
         return problems(value, target, document, at);
+    }
+    if let Some(alternatives) = schema["oneOf"].as_array() {
+        let fits = alternatives
+            .iter()
+            .any(|alternative| problems(value, alternative, document, at).is_empty());
+        return if fits {
+            Vec::new()
+        } else {
+            vec![format!("{at}: {value} fits none of {alternatives:?}")]
+        };
     }
     let mut found = Vec::new();
     let types: Vec<&str> = match &schema["type"] {
@@ -77,89 +91,327 @@ fn problems(value: &Value, schema: &Value, document: &Value, at: &str) -> Vec<St
     found
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn answers_match_the_documented_bodies_both_ways() {
-    let (db, registry) = database_with(AWARDS).await;
-    let server = Server::start(&db.url, registry, None).await;
-    let document = server.get("/openapi.json", None).await.body;
-    let hook = json!({"url": "https://example.com/hook", "events": ["award.completed"]});
-    assert_eq!(
-        server
-            .admin("PUT", "/webhooks/shop", Some(hook))
-            .await
-            .status,
-        200
-    );
+/// Every documented JSON answer of a success: (method, path, status).
+fn documented_answers(document: &Value) -> BTreeSet<(String, String, String)> {
+    let mut answers = BTreeSet::new();
+    for (path, operations) in document["paths"].as_object().unwrap() {
+        for (method, operation) in operations.as_object().unwrap() {
+            let Some(responses) = operation["responses"].as_object() else {
+                continue;
+            };
+            for (status, response) in responses {
+                if status.starts_with('2') && !response["content"]["application/json"].is_null() {
+                    answers.insert((method.to_uppercase(), path.clone(), status.clone()));
+                }
+            }
+        }
+    }
+    answers
+}
 
-    let user = user_token("u-1", JWT_SECRET, 600);
-    let gets: &[(&str, &str, Option<&str>)] = &[
-        (
-            "/v1/users/{user_id}/awards",
-            "/v1/users/u-1/awards",
-            Some(&user),
-        ),
-        ("/admin/v1/awards", "/admin/v1/awards", Some(ADMIN)),
-        (
-            "/admin/v1/awards/{id}",
-            "/admin/v1/awards/content-maker",
-            Some(ADMIN),
-        ),
-        ("/admin/v1/functions", "/admin/v1/functions", Some(ADMIN)),
-        (
-            "/admin/v1/users/{user_id}/awards",
-            "/admin/v1/users/u-1/awards",
-            Some(ADMIN),
-        ),
-        (
-            "/admin/v1/users/{user_id}/log",
-            "/admin/v1/users/u-1/log",
-            Some(ADMIN),
-        ),
-        (
-            "/admin/v1/users/{user_id}/awards/{award_id}/explain",
-            "/admin/v1/users/u-1/awards/content-maker/explain",
-            Some(ADMIN),
-        ),
-        ("/admin/v1/sources", "/admin/v1/sources", Some(ADMIN)),
-        ("/admin/v1/webhooks", "/admin/v1/webhooks", Some(ADMIN)),
-        (
-            "/admin/v1/webhooks/{name}",
-            "/admin/v1/webhooks/shop",
-            Some(ADMIN),
-        ),
-    ];
-    let mut found = Vec::new();
-    for (documented, concrete, token) in gets {
-        let answer = server.get(concrete, *token).await;
-        assert_eq!(answer.status, 200, "GET {concrete}: {}", answer.body);
-        let schema = &document["paths"][documented]["get"]["responses"]["200"]["content"]["application/json"]
-            ["schema"];
-        assert!(!schema.is_null(), "GET {documented} documents no 200 body");
-        found.extend(problems(
+/// A running server and its document; each answer checked against it.
+struct Checker {
+    server: Server,
+    document: Value,
+    checked: BTreeSet<(String, String, String)>,
+    found: Vec<String>,
+}
+
+impl Checker {
+    /// Calls `concrete` (an instance of the documented `path`) and holds
+    /// the answer to what the document says for its status.
+    async fn check(
+        &mut self,
+        method: &str,
+        path: &str,
+        concrete: &str,
+        token: Option<&str>,
+        body: Option<(&str, Vec<u8>)>,
+    ) -> Answer {
+        let answer = self.server.call(method, concrete, token, body).await;
+        let status = answer.status.to_string();
+        assert!(
+            status.starts_with('2'),
+            "{method} {concrete}: {status} {}",
+            answer.body
+        );
+        let schema = &self.document["paths"][path][method.to_lowercase()]["responses"][&status]["content"]
+            ["application/json"]["schema"];
+        assert!(
+            !schema.is_null(),
+            "{method} {path} documents no {status} body"
+        );
+        self.found.extend(problems(
             &answer.body,
             schema,
-            &document,
-            &format!("GET {concrete}"),
+            &self.document,
+            &format!("{method} {concrete}"),
         ));
+        self.checked
+            .insert((method.to_string(), path.to_string(), status));
+        answer
     }
-    // The error shape, as every route answers it.
-    let missing = server.get("/admin/v1/awards/nope", Some(ADMIN)).await;
+
+    async fn admin(
+        &mut self,
+        method: &str,
+        path: &str,
+        concrete: &str,
+        body: Option<Value>,
+    ) -> Answer {
+        let body = body.map(|b| ("application/json", b.to_string().into_bytes()));
+        self.check(
+            method,
+            &format!("/admin/v1{path}"),
+            &format!("/admin/v1{concrete}"),
+            Some(ADMIN),
+            body,
+        )
+        .await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_match_the_documented_bodies_both_ways() {
+    // Something in every answer: applied and excluded events, a dead
+    // letter, items that count and one that does not.
+    let mut p = Pipeline::start(AWARDS, &["photos", "reviews"]).await;
+    for (n, status) in [(1, "active"), (2, "active"), (3, "blocked")] {
+        let photo = event(
+            &format!("p-{n}"),
+            "photos",
+            "u-1",
+            Some((&format!("photo-{n}"), status)),
+            n,
+            json!({}),
+        );
+        p.send(&photo).await;
+    }
+    // Too short for the reviews objective: an item that counts nothing.
+    let review = json!({"object_id": "firm-1", "text": "short"});
+    p.send(&event(
+        "r-1",
+        "reviews",
+        "u-1",
+        Some(("review-1", "active")),
+        1,
+        review,
+    ))
+    .await;
+    p.send_raw("photos", Some(b"u-1"), b"{not json").await;
+    p.settle("photos", "u-1").await;
+    p.settle("reviews", "u-1").await;
+    let server = Server::start(
+        &p.db.url,
+        p.registry.clone(),
+        Some(p.broker.bootstrap_servers()),
+    )
+    .await;
+    let document = server.get("/openapi.json", None).await.body;
+    let mut c = Checker {
+        server,
+        document,
+        checked: BTreeSet::new(),
+        found: Vec::new(),
+    };
+
+    // Writes first, so the reads have them to show.
+    let hook = json!({"url": "https://example.com/hook", "events": ["award.completed"]});
+    c.admin("PUT", "/webhooks/{name}", "/webhooks/shop", Some(hook))
+        .await;
+    let award = c.server.admin("GET", "/awards/content-maker", None).await;
+    c.admin(
+        "PUT",
+        "/awards/{id}",
+        "/awards/content-maker",
+        Some(award.body["definition"].clone()),
+    )
+    .await;
+    let wasm = crate::support::guest_bytes("accept_all_filter");
+    for status in [201, 200] {
+        let pushed = c
+            .check(
+                "PUT",
+                "/admin/v1/functions/{name}",
+                "/admin/v1/functions/openapi-filter",
+                Some(ADMIN),
+                Some(("application/wasm", wasm.clone())),
+            )
+            .await;
+        assert_eq!(pushed.status, status, "{}", pushed.body);
+    }
+    c.admin(
+        "POST",
+        "/sources/{name}/pause",
+        "/sources/photos/pause",
+        None,
+    )
+    .await;
+    c.admin(
+        "POST",
+        "/sources/{name}/resume",
+        "/sources/photos/resume",
+        None,
+    )
+    .await;
+    c.admin(
+        "POST",
+        "/sources/{name}/dead-letters/replay",
+        "/sources/photos/dead-letters/replay",
+        None,
+    )
+    .await;
+    let pool = crate::proxy::pool_name("openapi");
+    let check_url = crate::proxy::check_server().await;
+    let settings = json!({"check_url": check_url, "allow_private": true});
+    c.admin(
+        "PUT",
+        "/proxy-pools/{pool}",
+        &format!("/proxy-pools/{pool}"),
+        Some(settings),
+    )
+    .await;
+    let live = crate::proxy::Tinyproxy::start("openapi");
+    let list = format!(
+        "http://127.0.0.1:{}\nhttp://127.0.0.1:{}\nnot a proxy\n",
+        live.port(),
+        crate::proxy::free_port()
+    );
+    let imported = c
+        .check(
+            "PUT",
+            "/admin/v1/proxy-pools/{pool}/candidates",
+            &format!("/admin/v1/proxy-pools/{pool}/candidates"),
+            Some(ADMIN),
+            Some(("text/plain", list.into_bytes())),
+        )
+        .await;
+    for part in ["admitted", "refused", "junk"] {
+        assert_eq!(
+            imported.body[part].as_array().map(Vec::len),
+            Some(1),
+            "{part}: {}",
+            imported.body
+        );
+    }
+    c.admin(
+        "POST",
+        "/proxy-pools/{pool}/allocate",
+        &format!("/proxy-pools/{pool}/allocate"),
+        None,
+    )
+    .await;
+
+    let user = user_token("u-1", JWT_SECRET, 600);
+    c.check(
+        "GET",
+        "/v1/users/{user_id}/awards",
+        "/v1/users/u-1/awards",
+        Some(&user),
+        None,
+    )
+    .await;
+    let reads = [
+        ("/awards", "/awards"),
+        ("/awards/{id}", "/awards/content-maker"),
+        ("/functions", "/functions"),
+        ("/users/{user_id}/awards", "/users/u-1/awards"),
+        ("/users/{user_id}/log", "/users/u-1/log"),
+        (
+            "/users/{user_id}/awards/{award_id}/explain",
+            "/users/u-1/awards/content-maker/explain",
+        ),
+        ("/sources", "/sources"),
+        (
+            "/sources/{name}/dead-letters",
+            "/sources/photos/dead-letters?all=true",
+        ),
+        ("/audit", "/audit"),
+        ("/proxy-pools/{pool}", &format!("/proxy-pools/{pool}")),
+        ("/webhooks", "/webhooks"),
+        ("/webhooks/{name}", "/webhooks/shop"),
+    ];
+    let mut answers = Vec::new();
+    for (path, concrete) in reads {
+        answers.push(c.admin("GET", path, concrete, None).await.body);
+    }
+    c.check("GET", "/healthz", "/healthz", None, None).await;
+    // The answers had something in them to check.
+    let [.., log, explain, _, letters, audit, pool_view, _, _] = &answers[..] else {
+        unreachable!()
+    };
+    assert!(
+        log["entries"].as_array().is_some_and(|e| e.len() >= 4),
+        "{log}"
+    );
+    let [photo, reviews, ..] = &explain["objectives"].as_array().unwrap()[..] else {
+        panic!("{explain}")
+    };
+    assert!(
+        !photo["contributing"].as_array().unwrap().is_empty(),
+        "{explain}"
+    );
+    assert!(
+        !reviews["not_contributing"].as_array().unwrap().is_empty(),
+        "{explain}"
+    );
+    assert_eq!(
+        letters["dead_letters"].as_array().map(Vec::len),
+        Some(1),
+        "{letters}"
+    );
+    assert!(!audit["entries"].as_array().unwrap().is_empty(), "{audit}");
+    assert!(!pool_view["config"].is_null(), "{pool_view}");
+    assert_eq!(
+        pool_view["members"].as_array().map(Vec::len),
+        Some(2),
+        "{pool_view}"
+    );
+
+    // The error shape, as every route answers it, with a refusal's problems.
+    let missing = c.server.get("/admin/v1/awards/nope", Some(ADMIN)).await;
     assert_eq!(missing.status, 404);
     let error = json!({"$ref": "#/components/schemas/Error"});
-    found.extend(problems(&missing.body, &error, &document, "404"));
-    assert!(found.is_empty(), "{}", found.join("\n"));
+    c.found
+        .extend(problems(&missing.body, &error, &c.document, "404"));
+    let broken = json!({"title": "x", "objectives": [{"id": "o", "filters": ["no-such-filter"], "rule": "count"}]});
+    let refused = c.server.admin("PUT", "/awards/broken", Some(broken)).await;
+    assert_eq!(refused.status, 422, "{}", refused.body);
+    assert!(
+        refused.body["problems"]
+            .as_array()
+            .is_some_and(|p| !p.is_empty()),
+        "{}",
+        refused.body
+    );
+    c.found
+        .extend(problems(&refused.body, &error, &c.document, "422"));
+    assert!(c.found.is_empty(), "{}", c.found.join("\n"));
+
+    let unchecked: Vec<_> = documented_answers(&c.document)
+        .difference(&c.checked)
+        .cloned()
+        .collect();
+    assert!(
+        unchecked.is_empty(),
+        "documented answers no test checks: {unchecked:?}"
+    );
 
     // The check itself catches both directions.
     let extra = json!({"user_id": "u", "awards": [], "surprise": 1});
     let schema = json!({"$ref": "#/components/schemas/UserAwards"});
     assert_eq!(
-        problems(&extra, &schema, &document, "x"),
+        problems(&extra, &schema, &c.document, "x"),
         ["x.surprise is answered but not documented"]
     );
     assert_eq!(
-        problems(&json!({"awards": []}), &schema, &document, "x"),
+        problems(&json!({"awards": []}), &schema, &c.document, "x"),
         ["x: the documented field user_id is missing"]
     );
+    let server = c.server;
+    server
+        .admin("DELETE", &format!("/proxy-pools/{pool}"), None)
+        .await;
     drop(server);
-    db.drop_database().await;
+    p.stop().await;
 }

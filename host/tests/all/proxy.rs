@@ -446,7 +446,7 @@ fn pool_settings_are_checked_before_they_are_stored() {
         recheck_every: Duration::ZERO,
         ..pool_config("p", "file:///etc/passwd")
     };
-    let error = laurel::proxy::checked_pool(&bad).unwrap_err();
+    let error = laurel::proxy::checked_pool(&bad).unwrap_err().to_string();
     for problem in [
         "proxy pool p: ",
         "unknown policy \"round-robin\" (expected least-used or least-concurrent)",

@@ -226,14 +226,36 @@ struct ComponentFile {
 
 /// Reads and checks `path`. `env` looks up `SPIN_VARIABLE_<NAME>`
 /// overrides (the process environment in production).
-pub fn load(path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<Manifest, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+pub fn load(
+    path: &Path,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Manifest, ManifestFileError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ManifestFileError::Unreadable {
+        path: path.to_path_buf(),
+        source,
+    })?;
     let dir = path
         .parent()
         .map(Path::to_path_buf)
         .unwrap_or_else(|| PathBuf::from("."));
-    parse(&text, dir, env).map_err(|e| format!("{}: {e}", path.display()))
+    parse(&text, dir, env).map_err(|reason| ManifestFileError::Invalid {
+        path: path.to_path_buf(),
+        reason,
+    })
+}
+
+/// Why a manifest file cannot be served.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestFileError {
+    #[error("cannot read {}: {source}", path.display())]
+    Unreadable {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// Not TOML, not version 2, or a route, component or setting Laurel
+    /// cannot serve.
+    #[error("{}: {reason}", path.display())]
+    Invalid { path: PathBuf, reason: String },
 }
 
 pub fn parse(

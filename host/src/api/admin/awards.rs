@@ -1,0 +1,163 @@
+//! Award definitions: list, read (with what their objectives hold), apply
+//! (checked whole first), delete.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::{Extension, Json};
+use serde::Serialize;
+use serde_json::Value;
+
+use super::{AuditTarget, time};
+use crate::api::{ApiError, AppState, json_body};
+use crate::definitions::{self, ApplyError};
+
+/// An award definition as stored: `GET /awards` lists them, `GET
+/// /awards/{id}` adds what its objectives hold.
+#[derive(Debug, Serialize)]
+pub(super) struct StoredAward {
+    id: String,
+    version: i32,
+    enabled: bool,
+    updated_at: String,
+    definition: Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    held: Option<Vec<HeldObjective>>,
+}
+
+impl StoredAward {
+    fn of(row: &crate::store::AwardRow) -> StoredAward {
+        StoredAward {
+            id: row.id.clone(),
+            version: row.version,
+            enabled: row.enabled,
+            updated_at: time(row.updated_at),
+            definition: row.definition.clone(),
+            held: None,
+        }
+    }
+}
+
+/// An objective whose events wait for a replay, and why.
+#[derive(Debug, Serialize)]
+pub(super) struct HeldObjective {
+    objective_id: String,
+    held_events: i64,
+    last_reason: String,
+    last_held_at: String,
+}
+
+/// `PUT /awards/{id}`: the version now stored.
+#[derive(Debug, Serialize)]
+pub(super) struct Applied {
+    id: String,
+    version: i32,
+}
+
+#[derive(Debug, Serialize)]
+pub(super) struct AwardList {
+    awards: Vec<StoredAward>,
+}
+
+pub(super) async fn list(State(state): State<Arc<AppState>>) -> Result<Json<AwardList>, ApiError> {
+    let rows = state.store().await?.awards().await?;
+    Ok(Json(AwardList {
+        awards: rows.iter().map(StoredAward::of).collect(),
+    }))
+}
+
+pub(super) async fn get(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<StoredAward>, ApiError> {
+    let store = state.store().await?;
+    let rows = store.awards().await?;
+    let row = rows
+        .iter()
+        .find(|r| r.id == id)
+        .ok_or_else(|| ApiError::NotFound(format!("no award named {id}")))?;
+    // Objectives whose events are held (a function failing, quarantined or
+    // refusing its config): what waits for a replay, and why.
+    let held = store
+        .held_objectives(&id)
+        .await?
+        .into_iter()
+        .map(|h| HeldObjective {
+            objective_id: h.objective_id,
+            held_events: h.events,
+            last_reason: h.last_reason,
+            last_held_at: time(h.last_at),
+        })
+        .collect();
+    Ok(Json(StoredAward {
+        held: Some(held),
+        ..StoredAward::of(row)
+    }))
+}
+
+pub(super) async fn put(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<(Extension<AuditTarget>, Json<Applied>), ApiError> {
+    let mut definition = json_body(raw, state.settings.max_body_bytes)?;
+    let Some(object) = definition.as_object_mut() else {
+        return Err(ApiError::unprocessable(format!(
+            "award {id}: the body must be one award definition (a JSON object)"
+        )));
+    };
+    match object.get("id") {
+        None => {
+            object.insert("id".into(), Value::String(id.clone()));
+        }
+        Some(Value::String(body_id)) if *body_id == id => {}
+        Some(other) => {
+            return Err(ApiError::unprocessable(format!(
+                "award {id}: the body's id {other} differs from the id in the path"
+            )));
+        }
+    }
+    let before = state.catalog.snapshot().versions.get(&id).copied();
+    let mut store = state.store().await?;
+    let applied = definitions::apply(&mut store, &state.registry, &definition.to_string())
+        .await
+        .map_err(|error| match error {
+            ApplyError::Invalid(invalid) => ApiError::refused(invalid.to_string(), &invalid.0),
+            ApplyError::Store(error) => error.into(),
+        })?;
+    // This process answers with the new definition at once; the others
+    // follow the notification.
+    state.catalog.reload(&store).await?;
+    let version = applied
+        .iter()
+        .find(|(applied_id, _)| *applied_id == id)
+        .map(|(_, v)| *v)
+        .ok_or_else(|| anyhow::anyhow!("award {id} was applied without a version"))?;
+    let audit = AuditTarget {
+        target: format!("award {id}"),
+        before,
+        after: Some(version),
+    };
+    Ok((Extension(audit), Json(Applied { id, version })))
+}
+
+pub(super) async fn delete(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<(StatusCode, Extension<AuditTarget>), ApiError> {
+    let before = state.catalog.snapshot().versions.get(&id).copied();
+    let mut store = state.store().await?;
+    if !store.delete_award(&id).await? {
+        return Err(ApiError::NotFound(format!("no award named {id}")));
+    }
+    state.catalog.reload(&store).await?;
+    let audit = AuditTarget {
+        target: format!("award {id}"),
+        before,
+        after: None,
+    };
+    Ok((StatusCode::NO_CONTENT, Extension(audit)))
+}

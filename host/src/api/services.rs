@@ -12,7 +12,8 @@ use super::progress::{Audience, user_awards};
 use super::{ApiError, AppState};
 use crate::event::Envelope;
 use crate::ingest::EventPublisher;
-use crate::proxy::{KvFailure, Policy, ProxyPools};
+use crate::keyvalue::{KeyValueStores, KvFailure};
+use crate::proxy::Policy;
 use crate::runtime::http::{HttpServices, KvError, ProgressError};
 
 /// Most events one `publish` call takes.
@@ -53,12 +54,15 @@ impl Services {
     }
 
     /// Redis (the proxy module's connection), connected at first use.
-    fn pools(&self) -> impl Future<Output = Result<ProxyPools, KvError>> + Send + 'static {
+    /// The key-value stores, in the connection the proxy pools opened.
+    fn stores(&self) -> impl Future<Output = Result<KeyValueStores, KvError>> + Send + 'static {
         let state = self.state();
         async move {
             let state = state.map_err(KvError::Other)?;
             let pools = state.proxies().await;
-            pools.cloned().map_err(|e| KvError::Other(e.to_string()))
+            pools
+                .map(|pools| KeyValueStores::on(pools.redis().clone()))
+                .map_err(|e| KvError::Other(e.to_string()))
         }
     }
 }
@@ -210,8 +214,8 @@ impl HttpServices for Services {
         label: String,
         key: String,
     ) -> BoxFuture<'static, Result<Option<Vec<u8>>, KvError>> {
-        let pools = self.pools();
-        Box::pin(async move { kv(pools.await?.kv_get(&label, &key).await) })
+        let stores = self.stores();
+        Box::pin(async move { kv(stores.await?.get(&label, &key).await) })
     }
 
     fn kv_set(
@@ -220,23 +224,23 @@ impl HttpServices for Services {
         key: String,
         value: Vec<u8>,
     ) -> BoxFuture<'static, Result<(), KvError>> {
-        let pools = self.pools();
-        Box::pin(async move { kv(pools.await?.kv_set(&label, &key, &value).await) })
+        let stores = self.stores();
+        Box::pin(async move { kv(stores.await?.set(&label, &key, &value).await) })
     }
 
     fn kv_delete(&self, label: String, key: String) -> BoxFuture<'static, Result<(), KvError>> {
-        let pools = self.pools();
-        Box::pin(async move { kv(pools.await?.kv_delete(&label, &key).await) })
+        let stores = self.stores();
+        Box::pin(async move { kv(stores.await?.delete(&label, &key).await) })
     }
 
     fn kv_exists(&self, label: String, key: String) -> BoxFuture<'static, Result<bool, KvError>> {
-        let pools = self.pools();
-        Box::pin(async move { kv(pools.await?.kv_exists(&label, &key).await) })
+        let stores = self.stores();
+        Box::pin(async move { kv(stores.await?.exists(&label, &key).await) })
     }
 
     fn kv_keys(&self, label: String) -> BoxFuture<'static, Result<Vec<String>, KvError>> {
-        let pools = self.pools();
-        Box::pin(async move { kv(pools.await?.kv_keys(&label).await) })
+        let stores = self.stores();
+        Box::pin(async move { kv(stores.await?.keys(&label).await) })
     }
 }
 

@@ -2,7 +2,8 @@
 //! removing members without letting a (re)joining member draw every
 //! allocation.
 //!
-//! **Architecture Invariant:** only this module imports `redis`.
+//! Its keys live in the process's one Redis connection
+//! ([`crate::redis_connection`]), under `laurel:pool:`.
 //!
 //! A pool's eligible members are a sorted set (member = the proxy's
 //! `scheme://host:port`, score = allocations so far). Allocation is one Lua
@@ -39,18 +40,16 @@
 //! re-checker puts eligible members back if Redis lost them.
 
 pub mod candidates;
-mod kv;
-
-pub use kv::KvFailure;
 
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{AsyncCommands, Script};
 
+use crate::redis_connection::{ConnectError, RedisConnection};
+
 pub use candidates::{
-    CheckOutcome, Eligibility, ImportReport, JunkLine, MemberStatus, PoolStatus, ProxyPoolError,
-    check, checked_pool, parse_candidates, pool_status,
+    CheckOutcome, Eligibility, ImportReport, InvalidPool, JunkLine, ListFetchError, MemberStatus,
+    PoolStatus, ProxyPoolError, check, checked_pool, parse_candidates, pool_status,
 };
 
 /// The background write-up's allocation, verbatim.
@@ -189,8 +188,7 @@ pub struct Lease {
 /// itself): clone it freely, calls from many tasks pipeline.
 #[derive(Clone)]
 pub struct ProxyPools {
-    connection: ConnectionManager,
-    url: String,
+    redis: RedisConnection,
     allocate: Script,
     admit: Script,
     remove: Script,
@@ -222,10 +220,6 @@ fn lease_keys(pool: &str) -> [String; 5] {
     ]
 }
 
-/// How long a Redis operation may take before it counts as failed; Redis
-/// being away must cost a delivery attempt, not hang it.
-const REDIS_TIMEOUT: Duration = Duration::from_secs(2);
-
 /// A pool name Laurel accepts (it becomes part of Redis keys).
 pub fn check_pool(pool: &str) -> Result<(), ProxyError> {
     let ok = !pool.is_empty()
@@ -247,43 +241,41 @@ pub fn check_pool(pool: &str) -> Result<(), ProxyError> {
 impl ProxyPools {
     /// Connects to Redis at `url`; fails clearly if it is not there.
     pub async fn connect(url: &str) -> Result<ProxyPools, ProxyError> {
-        // Only the redacted form is ever shown (errors, logs, /healthz).
-        let shown = crate::secrets::redact_url(url);
-        let client = redis::Client::open(url).map_err(|e| ProxyError::InvalidUrl {
-            url: shown.clone(),
-            reason: crate::secrets::redact_url_in(&e.to_string(), url),
-        })?;
-        // Fail fast when Redis is away (the default retries for ~10 s);
-        // the manager reconnects by itself at the next call.
-        let config = ConnectionManagerConfig::new()
-            .set_number_of_retries(2)
-            .set_min_delay(Duration::from_millis(50))
-            .set_max_delay(Duration::from_millis(500))
-            .set_connection_timeout(Some(REDIS_TIMEOUT))
-            .set_response_timeout(Some(REDIS_TIMEOUT));
-        let connection = ConnectionManager::new_with_config(client, config)
+        let redis = RedisConnection::connect(url)
             .await
-            .map_err(|e| ProxyError::Redis {
-                pool: "*".into(),
-                url: shown.clone(),
-                reason: crate::secrets::redact_url_in(&e.to_string(), url),
+            .map_err(|error| match error {
+                ConnectError::InvalidUrl { url, reason } => ProxyError::InvalidUrl { url, reason },
+                ConnectError::Unreachable { url, reason } => ProxyError::Redis {
+                    pool: "*".into(),
+                    url,
+                    reason,
+                },
             })?;
-        Ok(ProxyPools {
-            connection,
-            url: shown,
+        Ok(ProxyPools::on(redis))
+    }
+
+    /// Proxy pools in an open connection.
+    pub fn on(redis: RedisConnection) -> ProxyPools {
+        ProxyPools {
+            redis,
             allocate: Script::new(ALLOCATE),
             admit: Script::new(ADMIT),
             remove: Script::new(REMOVE),
             acquire: Script::new(&format!("{REAP}{ACQUIRE}")),
             release: Script::new(&format!("{REAP}{RELEASE}")),
             in_flight: Script::new(&format!("{REAP}{IN_FLIGHT}")),
-        })
+        }
+    }
+
+    /// The connection the pools live in (shared with the key-value stores).
+    pub fn redis(&self) -> &RedisConnection {
+        &self.redis
     }
 
     fn failed(&self, pool: &str, error: redis::RedisError) -> ProxyError {
         ProxyError::Redis {
             pool: pool.to_string(),
-            url: self.url.clone(),
+            url: self.redis.url().to_string(),
             reason: error.to_string(),
         }
     }
@@ -292,7 +284,7 @@ impl ProxyPools {
     /// name), counted; `None` when the pool has no eligible member.
     pub async fn allocate(&self, pool: &str) -> Result<Option<String>, ProxyError> {
         check_pool(pool)?;
-        let mut connection = self.connection.clone();
+        let mut connection = self.redis.handle();
         self.allocate
             .key(eligible_key(pool))
             .invoke_async(&mut connection)
@@ -315,7 +307,7 @@ impl ProxyPools {
     /// docs); returns the count it starts at.
     pub async fn admit(&self, pool: &str, member: &str) -> Result<f64, ProxyError> {
         check_pool(pool)?;
-        let mut connection = self.connection.clone();
+        let mut connection = self.redis.handle();
         let start: String = self
             .admit
             .key(eligible_key(pool))
@@ -331,7 +323,7 @@ impl ProxyPools {
     /// later restore; returns that count, or `None` if it was not eligible.
     pub async fn remove(&self, pool: &str, member: &str) -> Result<Option<f64>, ProxyError> {
         check_pool(pool)?;
-        let mut connection = self.connection.clone();
+        let mut connection = self.redis.handle();
         let score: Option<String> = self
             .remove
             .key(eligible_key(pool))
@@ -346,7 +338,7 @@ impl ProxyPools {
     /// The eligible members and their allocation counts, lowest first.
     pub async fn members(&self, pool: &str) -> Result<Vec<(String, f64)>, ProxyError> {
         check_pool(pool)?;
-        let mut connection = self.connection.clone();
+        let mut connection = self.redis.handle();
         connection
             .zrange_withscores(eligible_key(pool), 0, -1)
             .await
@@ -355,19 +347,14 @@ impl ProxyPools {
 
     /// Answers if Redis does (health checks).
     pub async fn ping(&self) -> Result<(), ProxyError> {
-        let mut connection = self.connection.clone();
-        redis::cmd("PING")
-            .query_async::<String>(&mut connection)
-            .await
-            .map(|_| ())
-            .map_err(|e| self.failed("*", e))
+        self.redis.ping().await.map_err(|e| self.failed("*", e))
     }
 
     /// Every allocation count the pool has: its eligible members' and the
     /// kept counts of those out of the set.
     pub async fn counts(&self, pool: &str) -> Result<Vec<(String, f64)>, ProxyError> {
         check_pool(pool)?;
-        let mut connection = self.connection.clone();
+        let mut connection = self.redis.handle();
         type Counts = Vec<(String, f64)>;
         let (kept, eligible): (Counts, Counts) = redis::pipe()
             .hgetall(history_key(pool))
@@ -383,7 +370,7 @@ impl ProxyPools {
     /// Deletes a pool's keys (its members, their past counts, leases).
     pub async fn delete_pool(&self, pool: &str) -> Result<(), ProxyError> {
         check_pool(pool)?;
-        let mut connection = self.connection.clone();
+        let mut connection = self.redis.handle();
         let mut keys = lease_keys(pool).to_vec();
         keys.push(history_key(pool));
         connection
@@ -400,7 +387,7 @@ impl ProxyPools {
         args: &[String],
     ) -> Result<T, ProxyError> {
         check_pool(pool)?;
-        let mut connection = self.connection.clone();
+        let mut connection = self.redis.handle();
         let mut invocation = script.prepare_invoke();
         for key in lease_keys(pool) {
             invocation.key(key);

@@ -4,6 +4,7 @@
 //! with a fresh database per test.
 
 mod api;
+mod architecture;
 mod awards;
 mod cases;
 mod config_errors;

@@ -138,3 +138,59 @@ async fn http_request_spans_reach_an_otlp_collector() {
     }
     db.drop_database().await;
 }
+
+/// A collector that is not there (nothing listening) or that takes the
+/// connection and never answers: requests are served as usual, and a stop
+/// still ends the process within its shutdown time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collector_that_is_away_or_silent_holds_nothing_up() {
+    let db = TestDb::new().await;
+    let closed = crate::proxy::free_port();
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_endpoint = format!("http://{}", silent.local_addr().unwrap());
+    // Accepts and holds each connection, reading nothing, answering nothing.
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in silent.incoming().map_while(Result::ok) {
+            held.push(stream);
+        }
+    });
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    for endpoint in [format!("http://127.0.0.1:{closed}"), silent_endpoint] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_laurel"))
+            .args(["serve", "--roles", "api", "--shutdown-timeout-ms", "5000"])
+            .env("LAUREL_DATABASE_URL", &db.url)
+            .env("LAUREL_HTTP_ADDR", "127.0.0.1:0")
+            .env("LAUREL_OTLP_ENDPOINT", &endpoint)
+            .env_remove("LAUREL_KAFKA_BROKERS")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .map(KillOnDrop)
+            .unwrap();
+        let base = child.printed_api_url();
+        for _ in 0..20 {
+            let missing = reqwest::get(format!("{base}/v1/users/u-1/awards"))
+                .await
+                .unwrap();
+            assert_eq!(missing.status(), 401, "{endpoint}");
+        }
+        Command::new("kill")
+            .args(["-TERM", &child.0.id().to_string()])
+            .status()
+            .unwrap();
+        let started = Instant::now();
+        let status = loop {
+            if let Some(status) = child.0.try_wait().unwrap() {
+                break status;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "laurel did not stop with its collector at {endpoint}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert!(status.success(), "{endpoint}: {status}");
+    }
+    db.drop_database().await;
+}

@@ -413,6 +413,7 @@ fn uses_refused(
 ) -> Vec<DefinitionError> {
     use crate::runtime::{
         FilterInstance, FunctionError, FunctionKind, RuleInstance, StrategyInstance,
+        TransformInstance,
     };
     let name = function.name.as_str();
     // Why the new version cannot take this use, if it cannot.
@@ -427,6 +428,7 @@ fn uses_refused(
             FunctionKind::Filter => FilterInstance::new(function.clone(), config).map(drop),
             FunctionKind::Rule => RuleInstance::new(function.clone(), config).map(drop),
             FunctionKind::Strategy => StrategyInstance::new(function.clone(), config).map(drop),
+            FunctionKind::Transform => TransformInstance::new(function.clone(), config).map(drop),
         };
         match created {
             Ok(()) => None,

@@ -83,6 +83,21 @@ pub const BUILTINS: &[Builtin] = &[
         kind: FunctionKind::Strategy,
         bytes: guest!("tree_strategy"),
     },
+    Builtin {
+        name: "JsonTransform",
+        kind: FunctionKind::Transform,
+        bytes: guest!("json_transform"),
+    },
+    Builtin {
+        name: "KeyValueTransform",
+        kind: FunctionKind::Transform,
+        bytes: guest!("key_value_transform"),
+    },
+    Builtin {
+        name: "CsvTransform",
+        kind: FunctionKind::Transform,
+        bytes: guest!("csv_transform"),
+    },
 ];
 
 /// Where the build put every guest component, the test-only ones included

@@ -18,7 +18,7 @@ use tracing::{error, info, warn};
 
 use crate::runtime::{
     FilterInstance, Function, FunctionError, FunctionKind, LoadError, RuleInstance, Runtime,
-    StrategyInstance,
+    StrategyInstance, TransformInstance,
 };
 use crate::store::{self, FunctionRow, PushOutcome, Store, StoreError};
 
@@ -318,6 +318,14 @@ impl Registry {
     ) -> Result<Binding<StrategyInstance>, RegistryError> {
         Binding::new(self, name, config)
     }
+
+    pub fn bind_transform(
+        self: &Arc<Self>,
+        name: &str,
+        config: &str,
+    ) -> Result<Binding<TransformInstance>, RegistryError> {
+        Binding::new(self, name, config)
+    }
 }
 
 /// Registers `bytes` as a new version of `name` after checking them: size,
@@ -362,6 +370,16 @@ impl BoundInstance for RuleInstance {
     }
     fn function(&self) -> &Arc<Function> {
         RuleInstance::function(self)
+    }
+}
+
+impl BoundInstance for TransformInstance {
+    const KIND: FunctionKind = FunctionKind::Transform;
+    fn create(function: Arc<Function>, config: &str) -> Result<Self, FunctionError> {
+        TransformInstance::new(function, config)
+    }
+    fn function(&self) -> &Arc<Function> {
+        TransformInstance::function(self)
     }
 }
 

@@ -1,10 +1,11 @@
 //! Guest-side SDK for Laurel functions.
 //!
-//! One place generates the guest bindings for the `filter`, `rule` and
-//! `strategy` worlds of `wit/award.wit` (the `types` interface is generated
-//! once and shared). A function implements one plain Rust trait
-//! ([`Filter`], [`Rule`] or [`Strategy`]), per event or per user, and exports
-//! it with [`export_filter!`], [`export_rule!`] or [`export_strategy!`]: the
+//! One place generates the guest bindings for the `filter`, `rule`,
+//! `strategy` and `transform` worlds of `wit/award.wit` (the `types`
+//! interface is generated once and shared). A function implements one plain
+//! Rust trait ([`Filter`], [`Rule`], [`Strategy`] or [`Transform`]), per
+//! event, user or record, and exports it with [`export_filter!`],
+//! [`export_rule!`], [`export_strategy!`] or [`export_transform!`]: the
 //! batch calls of the WIT interface are written here once.
 //!
 //! The traits are ordinary Rust, so the same function compiles natively too
@@ -45,18 +46,35 @@ pub mod strategy {
     });
 }
 
+#[allow(missing_docs, clippy::all)]
+pub mod transform {
+    wit_bindgen::generate!({
+        world: "transform",
+        path: "../../wit",
+        pub_export_macro: true,
+        export_macro_name: "export_transform_world",
+        default_bindings_module: "laurel_guest::transform",
+    });
+}
+
 pub use filter::laurel::award::types::{Contribution, Counter, ObjectiveState, Progress};
+pub use transform::exports::laurel::award::transforms::Envelope;
 
 /// The raw WIT types of an event batch (the SDK reads them as [`Event`] views).
 pub mod wit {
     pub use crate::filter::laurel::award::types::EventBatch;
+    pub use crate::transform::exports::laurel::award::transforms::RecordBatch;
 }
 
 mod batch;
 mod config;
+pub mod mapping;
+mod records;
+pub mod time;
 
 pub use batch::{BatchBuilder, Event, Value, events};
 pub use config::parse_config;
+pub use records::{Record, RecordBatchBuilder, records};
 
 /// A filter: answers only "does this event fit?".
 pub trait Filter: Sized + 'static {
@@ -84,6 +102,15 @@ pub trait Strategy: Sized + 'static {
     /// The objective ids the config refers to.
     fn objectives(&self) -> Vec<String>;
     fn evaluate(&self, objectives: &[ObjectiveState]) -> Result<Progress, String>;
+}
+
+/// A transform: one raw record (of an analytics topic) -> the events it
+/// becomes (none, one or more), or why it is malformed.
+pub trait Transform: Sized + 'static {
+    fn from_config(config: &str) -> Result<Self, String>;
+    /// `Err`: the record is malformed (it is dead-lettered with this
+    /// reason). The events' source is the pipeline's.
+    fn transform(&self, record: &Record<'_>) -> Result<Vec<Envelope>, String>;
 }
 
 /// Exports a [`Filter`] implementation as a component of the `filter` world.
@@ -178,6 +205,38 @@ macro_rules! export_strategy {
                 }
             }
     $crate::strategy::export_strategy_world!(Component with_types_in $crate::strategy);
+        };
+    };
+}
+
+/// Exports a [`Transform`] implementation as a component of the
+/// `transform` world.
+#[macro_export]
+macro_rules! export_transform {
+    ($ty:ty) => {
+        #[cfg(target_arch = "wasm32")]
+        const _: () = {
+            use $crate::transform::exports::laurel::award::transforms as api;
+            pub struct Component;
+            pub struct Instance($ty);
+            impl api::Guest for Component {
+                type Transform = Instance;
+            }
+            impl api::GuestTransform for Instance {
+                fn create(config: String) -> Result<api::Transform, String> {
+                    <$ty as $crate::Transform>::from_config(&config)
+                        .map(|t| api::Transform::new(Instance(t)))
+                }
+                fn apply(
+                    &self,
+                    batch: $crate::wit::RecordBatch,
+                ) -> Vec<Result<Vec<$crate::Envelope>, String>> {
+                    $crate::records(&batch)
+                        .map(|r| $crate::Transform::transform(&self.0, &r))
+                        .collect()
+                }
+            }
+    $crate::transform::export_transform_world!(Component with_types_in $crate::transform);
         };
     };
 }

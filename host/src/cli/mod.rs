@@ -107,7 +107,7 @@ enum FunctionsCommand {
         name: String,
         /// The component: a `.wasm` file built for wasm32-wasip2.
         file: PathBuf,
-        /// The kind the component must be (filter, rule or strategy):
+        /// The kind the component must be (filter, rule, strategy or transform):
         /// refused if it is another.
         #[arg(long, value_parser = parse_kind)]
         kind: Option<FunctionKind>,
@@ -349,7 +349,7 @@ enum DevCommand {
 
 fn parse_kind(kind: &str) -> Result<FunctionKind, String> {
     FunctionKind::parse(kind)
-        .ok_or_else(|| format!("unknown kind {kind:?} (filter, rule or strategy)"))
+        .ok_or_else(|| format!("unknown kind {kind:?} (filter, rule, strategy or transform)"))
 }
 
 pub fn main() -> ExitCode {

@@ -25,6 +25,13 @@ pub mod strategy {
     });
 }
 
+pub mod transform {
+    wasmtime::component::bindgen!({
+        world: "transform",
+        path: "../wit",
+    });
+}
+
 pub use filter::laurel::award::types;
 pub use filter::laurel::award::types::{Contribution, Counter, ObjectiveState, Progress};
 
@@ -32,4 +39,5 @@ pub use filter::laurel::award::types::{Contribution, Counter, ObjectiveState, Pr
 pub const FILTER_EXPORT: &str = "laurel:award/filters@0.1.0";
 pub const RULE_EXPORT: &str = "laurel:award/rules@0.1.0";
 pub const STRATEGY_EXPORT: &str = "laurel:award/strategies@0.1.0";
+pub const TRANSFORM_EXPORT: &str = "laurel:award/transforms@0.1.0";
 pub const TYPES_IMPORT: &str = "laurel:award/types@0.1.0";

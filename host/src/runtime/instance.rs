@@ -10,6 +10,7 @@ use crate::metrics;
 
 use super::bindings::{self, Contribution, ObjectiveState, Progress};
 use super::event::{Event, pack};
+use super::records::{RawRecord, pack as pack_records};
 use super::{Function, FunctionError, GuestState, MemoryLimitExceeded, Pre, TICK};
 
 /// Least time given to instantiate a component and create it from its
@@ -59,6 +60,25 @@ impl World for bindings::rule::Rule {
         config: &str,
     ) -> wasmtime::Result<Result<ResourceAny, String>> {
         self.laurel_award_rules().rule().call_create(store, config)
+    }
+}
+
+impl World for bindings::transform::Transform {
+    fn instantiate(pre: &Pre, store: &mut Store<GuestState>) -> wasmtime::Result<Self> {
+        match pre {
+            Pre::Transform(pre) => pre.instantiate(store),
+            _ => unreachable!("a transform instance is only made from a transform"),
+        }
+    }
+
+    fn create(
+        &self,
+        store: &mut Store<GuestState>,
+        config: &str,
+    ) -> wasmtime::Result<Result<ResourceAny, String>> {
+        self.laurel_award_transforms()
+            .transform()
+            .call_create(store, config)
     }
 }
 
@@ -545,6 +565,72 @@ impl StrategyInstance {
                     )));
                 }
                 Ok(p) => checked.push(Ok(p)),
+                Err(reason) => checked.push(Err(truncate(reason, max_text))),
+            }
+        }
+        self.slot.succeeded();
+        Ok(checked)
+    }
+}
+
+/// An event a transform made (its source is the pipeline's).
+pub type Transformed = bindings::transform::exports::laurel::award::transforms::Envelope;
+
+/// Most events one raw record may become.
+pub const MAX_EVENTS_PER_RECORD: usize = 1000;
+
+/// A transform created from one config (a pipeline's).
+pub struct TransformInstance {
+    slot: Slot<bindings::transform::Transform>,
+}
+
+impl TransformInstance {
+    pub fn new(function: Arc<Function>, config: &str) -> Result<TransformInstance, FunctionError> {
+        Ok(TransformInstance {
+            slot: Slot::new(function, config)?,
+        })
+    }
+
+    pub fn function(&self) -> &Arc<Function> {
+        &self.slot.function
+    }
+
+    /// One answer per record of `topic`: the events it becomes (none, one
+    /// or more), or why it is malformed.
+    pub fn apply(
+        &mut self,
+        topic: &str,
+        records: &[RawRecord<'_>],
+    ) -> Result<Vec<Result<Vec<Transformed>, String>>, FunctionError> {
+        let batch = pack_records(topic, records).ok_or_else(|| FunctionError::Input {
+            name: self.slot.function.name.clone(),
+            version: self.slot.function.version,
+            reason: "the batch's bytes are over 4 GiB: send smaller batches".to_string(),
+        })?;
+        let answers = self.slot.run(|world, store, resource| {
+            world
+                .laurel_award_transforms()
+                .transform()
+                .call_apply(store, resource, &batch)
+        })?;
+        if answers.len() != records.len() {
+            return Err(self.slot.invalid(format!(
+                "{} answers for {} records",
+                answers.len(),
+                records.len()
+            )));
+        }
+        let max_text = self.slot.function.runtime.limits.max_text_bytes;
+        let mut checked = Vec::with_capacity(answers.len());
+        for answer in answers {
+            match answer {
+                Ok(events) if events.len() > MAX_EVENTS_PER_RECORD => {
+                    return Err(self.slot.invalid(format!(
+                        "{} events from one record, over the limit of {MAX_EVENTS_PER_RECORD}",
+                        events.len()
+                    )));
+                }
+                Ok(events) => checked.push(Ok(events)),
                 Err(reason) => checked.push(Err(truncate(reason, max_text))),
             }
         }

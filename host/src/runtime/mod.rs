@@ -1,10 +1,10 @@
 //! The Wasm sandbox: engine, limits, compiled-artifact cache, and calls into
-//! filter, rule and strategy components.
+//! filter, rule, strategy and transform components.
 //!
 //! **Architecture Invariant:** only this module imports `wasmtime`. The rest
 //! of the host sees [`Function`] (a loaded component version), the typed
-//! instances ([`FilterInstance`], [`RuleInstance`], [`StrategyInstance`]) and
-//! [`FunctionError`].
+//! instances ([`FilterInstance`], [`RuleInstance`], [`StrategyInstance`],
+//! [`TransformInstance`]) and [`FunctionError`].
 //!
 //! Every call runs under a CPU budget (epoch deadline), a memory limit
 //! (resource limiter; the pooling allocator caps it too) and output limits.
@@ -18,6 +18,7 @@ mod event;
 mod guest_output;
 pub mod http;
 mod instance;
+mod records;
 
 use std::fmt;
 use std::path::PathBuf;
@@ -34,7 +35,10 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 pub use bindings::{Contribution, Counter, ObjectiveState, Progress};
 pub use event::{Event, Field, Scalar};
-pub use instance::{FilterInstance, RuleInstance, StrategyInstance};
+pub use instance::{
+    FilterInstance, RuleInstance, StrategyInstance, TransformInstance, Transformed,
+};
+pub use records::RawRecord;
 
 use self::cache::CompileCache;
 use self::guest_output::GuestOutput;
@@ -45,6 +49,8 @@ pub enum FunctionKind {
     Filter,
     Rule,
     Strategy,
+    /// The pre-filter's: raw records to events.
+    Transform,
 }
 
 impl FunctionKind {
@@ -53,6 +59,7 @@ impl FunctionKind {
             FunctionKind::Filter => "filter",
             FunctionKind::Rule => "rule",
             FunctionKind::Strategy => "strategy",
+            FunctionKind::Transform => "transform",
         }
     }
 
@@ -61,6 +68,7 @@ impl FunctionKind {
             "filter" => Some(FunctionKind::Filter),
             "rule" => Some(FunctionKind::Rule),
             "strategy" => Some(FunctionKind::Strategy),
+            "transform" => Some(FunctionKind::Transform),
             _ => None,
         }
     }
@@ -146,11 +154,12 @@ pub enum LoadError {
     #[error("component {name} is not a valid Wasm component: {reason}")]
     Invalid { name: String, reason: String },
     #[error(
-        "component {name} exports none of the Laurel worlds (filter: {FILTER}, rule: {RULE}, strategy: {STRATEGY}); \
+        "component {name} exports none of the Laurel worlds (filter: {FILTER}, rule: {RULE}, strategy: {STRATEGY}, transform: {TRANSFORM}); \
          it exports: {exports}",
         FILTER = bindings::FILTER_EXPORT,
         RULE = bindings::RULE_EXPORT,
-        STRATEGY = bindings::STRATEGY_EXPORT
+        STRATEGY = bindings::STRATEGY_EXPORT,
+        TRANSFORM = bindings::TRANSFORM_EXPORT
     )]
     UnknownKind { name: String, exports: String },
     #[error(
@@ -384,6 +393,9 @@ impl Runtime {
             FunctionKind::Strategy => {
                 Pre::Strategy(bindings::strategy::StrategyPre::new(pre).map_err(link_error)?)
             }
+            FunctionKind::Transform => {
+                Pre::Transform(bindings::transform::TransformPre::new(pre).map_err(link_error)?)
+            }
         };
         Ok(Arc::new(Function {
             name: name.to_string(),
@@ -411,6 +423,7 @@ fn kind_of(name: &str, component: &Component, engine: &Engine) -> Result<Functio
             bindings::FILTER_EXPORT => kinds.push(FunctionKind::Filter),
             bindings::RULE_EXPORT => kinds.push(FunctionKind::Rule),
             bindings::STRATEGY_EXPORT => kinds.push(FunctionKind::Strategy),
+            bindings::TRANSFORM_EXPORT => kinds.push(FunctionKind::Transform),
             _ => {}
         }
     }
@@ -452,6 +465,7 @@ enum Pre {
     Filter(bindings::filter::FilterPre<GuestState>),
     Rule(bindings::rule::RulePre<GuestState>),
     Strategy(bindings::strategy::StrategyPre<GuestState>),
+    Transform(bindings::transform::TransformPre<GuestState>),
 }
 
 /// One loaded component version: compiled, linked, ready to instantiate.

@@ -9,7 +9,13 @@
 //!     "dedup_key": .., "additive": ..}`, or `{"error": "text it contains"}` each;
 //!   - strategies: users (`{"objective": value}` or a list of
 //!     `{"objective_id", "value", "counters"}`) -> one `{"progress", "goal",
-//!     "started", "completed"}` or `{"error": ..}` each.
+//!     "started", "completed"}` or `{"error": ..}` each;
+//!   - transforms: raw records of topic `raw.test` (`{"value", "key",
+//!     "partition", "offset", "timestamp_ms", "headers": {name: text}}`, all
+//!     but `value` optional; a `value` that is not a string is its JSON
+//!     text) -> one list of events (`{"id", "type", "user_id", "authorized",
+//!     "content_id", "status", "occurred_at", "payload"}`) or `{"error":
+//!     ..}` each.
 //!
 //! Adding a case is adding a folder.
 
@@ -18,8 +24,8 @@ use std::path::{Path, PathBuf};
 
 use laurel::event::Envelope;
 use laurel::runtime::{
-    Contribution, Counter, FilterInstance, FunctionError, FunctionKind, ObjectiveState,
-    RuleInstance, StrategyInstance,
+    Contribution, Counter, FilterInstance, FunctionError, FunctionKind, ObjectiveState, RawRecord,
+    RuleInstance, StrategyInstance, TransformInstance, Transformed,
 };
 use serde_json::{Value, json};
 
@@ -119,6 +125,9 @@ fn run_case(
         FunctionKind::Strategy => {
             StrategyInstance::new(function.clone(), &config).map(Instance::Strategy)
         }
+        FunctionKind::Transform => {
+            TransformInstance::new(function.clone(), &config).map(Instance::Transform)
+        }
     };
     if error_file.exists() {
         let want = read(&error_file).trim().to_string();
@@ -208,6 +217,30 @@ fn run_case(
                 })
                 .collect()
         }
+        Instance::Transform(transform) => {
+            let values: Vec<Vec<u8>> = inputs
+                .iter()
+                .map(|r| match &r["value"] {
+                    Value::String(text) => text.clone().into_bytes(),
+                    other => other.to_string().into_bytes(),
+                })
+                .collect();
+            let records: Vec<RawRecord<'_>> = inputs
+                .iter()
+                .zip(&values)
+                .enumerate()
+                .map(|(n, (r, value))| raw_record(r, value, n))
+                .collect();
+            transform
+                .apply("raw.test", &records)
+                .map_err(|e| e.to_string())?
+                .into_iter()
+                .map(|answer| match answer {
+                    Ok(events) => Value::Array(events.iter().map(event_json).collect()),
+                    Err(error) => json!({"error": error}),
+                })
+                .collect()
+        }
     };
     for (index, (actual, expected)) in actual.iter().zip(expected).enumerate() {
         check(case, index, actual, expected);
@@ -219,6 +252,40 @@ enum Instance {
     Filter(FilterInstance),
     Rule(RuleInstance),
     Strategy(StrategyInstance),
+    Transform(TransformInstance),
+}
+
+/// A case's raw record; `n`: its place in the case (its default offset).
+fn raw_record<'a>(record: &'a Value, value: &'a [u8], n: usize) -> RawRecord<'a> {
+    RawRecord {
+        partition: record["partition"].as_i64().unwrap_or(0) as i32,
+        offset: record["offset"].as_i64().unwrap_or(n as i64),
+        value,
+        key: record["key"].as_str().map(str::as_bytes),
+        timestamp_ms: record["timestamp_ms"].as_i64(),
+        headers: record["headers"]
+            .as_object()
+            .map(|h| {
+                h.iter()
+                    .map(|(name, v)| (name.as_str(), v.as_str().unwrap_or_default().as_bytes()))
+                    .collect()
+            })
+            .unwrap_or_default(),
+    }
+}
+
+fn event_json(event: &Transformed) -> Value {
+    json!({
+        "id": event.id,
+        "type": event.event_type,
+        "user_id": event.user_id,
+        "authorized": event.authorized,
+        "content_id": event.content_id,
+        "status": event.status,
+        "occurred_at": event.occurred_at,
+        "payload": serde_json::from_str::<Value>(&event.payload)
+            .unwrap_or_else(|_| Value::String(event.payload.clone())),
+    })
 }
 
 #[test]

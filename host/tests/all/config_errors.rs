@@ -3,7 +3,7 @@
 //! tests/cases/*/*/error.txt).
 
 use laurel::runtime::{
-    FilterInstance, FunctionError, FunctionKind, RuleInstance, StrategyInstance,
+    FilterInstance, FunctionError, FunctionKind, RuleInstance, StrategyInstance, TransformInstance,
 };
 
 use crate::support;
@@ -17,6 +17,7 @@ fn every_builtin_refuses_config_that_is_not_json() {
             FunctionKind::Filter => FilterInstance::new(function, "not json").err(),
             FunctionKind::Rule => RuleInstance::new(function, "not json").err(),
             FunctionKind::Strategy => StrategyInstance::new(function, "not json").err(),
+            FunctionKind::Transform => TransformInstance::new(function, "not json").err(),
         }
         .unwrap_or_else(|| panic!("{} accepted `not json`", builtin.name));
         assert!(

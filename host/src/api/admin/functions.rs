@@ -86,9 +86,10 @@ pub(super) async fn push(
         Some("filter") => Some(FunctionKind::Filter),
         Some("rule") => Some(FunctionKind::Rule),
         Some("strategy") => Some(FunctionKind::Strategy),
+        Some("transform") => Some(FunctionKind::Transform),
         Some(other) => {
             return Err(ApiError::BadRequest(format!(
-                "query parameter kind must be filter, rule or strategy, not {other:?}"
+                "query parameter kind must be filter, rule, strategy or transform, not {other:?}"
             )));
         }
     };

@@ -1,0 +1,46 @@
+//! `JsonTransform {"fields": {..}}`: each record is one JSON object; the
+//! event's fields are found by JSON pointer (RFC 6901, e.g. `/user/id`),
+//! as [`laurel_guest::mapping`] describes.
+
+use laurel_guest::mapping::{Fields, Found};
+use laurel_guest::{Envelope, Record, Transform, parse_config};
+use serde::Deserialize;
+use serde_json::Value;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Config {
+    fields: Fields,
+}
+
+pub struct JsonTransform {
+    fields: Fields,
+}
+
+impl Transform for JsonTransform {
+    fn from_config(config: &str) -> Result<Self, String> {
+        let Config { fields } = parse_config(config)?;
+        for (field, at) in fields.places() {
+            if !at.starts_with('/') {
+                return Err(format!(
+                    "`{field}`: {at:?} is not a JSON pointer (one starts with /, e.g. \"/user/id\")"
+                ));
+            }
+        }
+        Ok(JsonTransform { fields })
+    }
+
+    fn transform(&self, record: &Record<'_>) -> Result<Vec<Envelope>, String> {
+        let value: Value = serde_json::from_slice(record.value)
+            .map_err(|e| format!("the record is not JSON: {e}"))?;
+        if !value.is_object() {
+            return Err("the record is JSON but not an object".into());
+        }
+        let event = self
+            .fields
+            .envelope(record, 0, |at| value.pointer(at).map(Found::Json))?;
+        Ok(vec![event])
+    }
+}
+
+laurel_guest::export_transform!(JsonTransform);

@@ -13,6 +13,7 @@ pub mod keyvalue;
 pub mod library;
 pub mod metrics;
 pub mod notify;
+pub mod pipelines;
 pub mod proxy;
 pub mod redis_connection;
 pub mod registry;

@@ -87,6 +87,11 @@ const FAMILIES: &[(&str, Kind, &str)] = &[
         "Wall time of one request to an HTTP function (instantiation included), by component",
     ),
     (
+        PREFILTER_EVENTS,
+        Kind::Counter,
+        "Events the pre-filter made of raw records, by pipeline and outcome (kept: produced for ingest; dropped: no enabled award can use it; dead: its record was dead-lettered)",
+    ),
+    (
         CONSUMER_LAG,
         Kind::Gauge,
         "Messages not yet consumed by the source's consumer group, by source (read from the brokers at scrape time)",
@@ -107,6 +112,7 @@ pub const NOTIFICATIONS_FAILED: &str = "laurel_notifications_failed_total";
 pub const HTTP_FUNCTION_REQUESTS: &str = "laurel_http_function_requests_total";
 pub const HTTP_FUNCTION_SECONDS: &str = "laurel_http_function_seconds";
 pub const CONSUMER_LAG: &str = "laurel_consumer_lag";
+pub const PREFILTER_EVENTS: &str = "laurel_prefilter_events_total";
 
 /// Upper bounds (seconds) of the latency histograms' buckets.
 const BUCKETS: [f64; 14] = [

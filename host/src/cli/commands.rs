@@ -5,8 +5,8 @@ use std::time::Duration;
 use anyhow::Context;
 
 use super::{
-    AwardsCommand, DeadLettersCommand, FunctionsCommand, PoolCommand, ProxiesCommand,
-    SourcesCommand, UsersCommand, WebhooksCommand,
+    AwardsCommand, DeadLettersCommand, FunctionsCommand, PipelinesCommand, PoolCommand,
+    ProxiesCommand, SourcesCommand, UsersCommand, WebhooksCommand,
 };
 use crate::catalog::Catalog;
 use crate::registry::Registry;
@@ -386,6 +386,68 @@ pub(super) async fn sources(
                 "no source named {name}"
             );
             println!("source {name} resumed");
+        }
+    }
+    Ok(())
+}
+
+pub(super) async fn pipelines(
+    connections: &Connections,
+    command: PipelinesCommand,
+) -> anyhow::Result<()> {
+    match command {
+        PipelinesCommand::Apply { file, sandbox } => {
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("failed to read {}", file.display()))?;
+            let runtime = sandbox.runtime()?;
+            super::roles::prepare(connections, &runtime).await?;
+            let registry = Registry::start(&connections.database_url, runtime).await?;
+            let mut store = Store::connect(&connections.database_url).await?;
+            for (name, version) in crate::pipelines::apply(&mut store, &registry, &text).await? {
+                println!("applied pipeline {name} v{version}");
+            }
+        }
+        PipelinesCommand::List => {
+            let store = store(connections).await?;
+            println!(
+                "{:<20} {:>7} {:<24} {:<12} {:<20} state",
+                "PIPELINE", "VERSION", "INPUT TOPIC", "SOURCE", "TRANSFORM"
+            );
+            for p in store.pipelines().await? {
+                println!(
+                    "{:<20} {:>7} {:<24} {:<12} {:<20} {}",
+                    p.name,
+                    p.version,
+                    p.input_topic,
+                    p.source,
+                    p.transform,
+                    if p.paused { "paused" } else { "running" }
+                );
+            }
+        }
+        PipelinesCommand::Delete { name } => {
+            let store = store(connections).await?;
+            anyhow::ensure!(
+                store.delete_pipeline(&name).await?,
+                "no pipeline named {name}"
+            );
+            println!("pipeline {name} deleted");
+        }
+        PipelinesCommand::Pause { name } => {
+            let store = store(connections).await?;
+            anyhow::ensure!(
+                store.set_pipeline_paused(&name, true).await?,
+                "no pipeline named {name}"
+            );
+            println!("pipeline {name} paused");
+        }
+        PipelinesCommand::Resume { name } => {
+            let store = store(connections).await?;
+            anyhow::ensure!(
+                store.set_pipeline_paused(&name, false).await?,
+                "no pipeline named {name}"
+            );
+            println!("pipeline {name} resumed");
         }
     }
     Ok(())

@@ -70,6 +70,12 @@ enum Command {
         #[command(subcommand)]
         command: SourcesCommand,
     },
+    /// The pre-filter's pipelines: raw analytics topics, transformed into
+    /// events some award can use.
+    Pipelines {
+        #[command(subcommand)]
+        command: PipelinesCommand,
+    },
     /// Proxy pools: settings, candidates, eligibility, allocation.
     Proxies {
         #[command(subcommand)]
@@ -279,6 +285,36 @@ enum SourcesCommand {
 }
 
 #[derive(Debug, Subcommand)]
+enum PipelinesCommand {
+    /// Create or replace the pipelines in FILE (one object or an array),
+    /// all or nothing.
+    Apply {
+        /// A JSON file: `{"name", "input_topic", "source", "transform":
+        /// {"name", "config"}}` or an array of them.
+        file: PathBuf,
+        #[command(flatten)]
+        sandbox: Sandbox,
+    },
+    /// List pipelines: input topic, source, transform, state.
+    List,
+    /// Delete a pipeline (its consumer stops within a second).
+    Delete {
+        /// The pipeline.
+        name: String,
+    },
+    /// Stop a pipeline (every process, within a second).
+    Pause {
+        /// The pipeline.
+        name: String,
+    },
+    /// Run a paused pipeline again.
+    Resume {
+        /// The pipeline.
+        name: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
 enum DeadLettersCommand {
     /// A source's dead letters, newest first: what, for which objective
     /// (`-`: the whole event), why.
@@ -405,6 +441,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Functions { command } => commands::functions(connections, command).await,
         Command::Awards { command } => commands::awards(connections, command).await,
         Command::Sources { command } => commands::sources(connections, command).await,
+        Command::Pipelines { command } => commands::pipelines(connections, command).await,
         Command::Webhooks { command } => commands::webhooks(connections, command).await,
         Command::Proxies { command } => commands::proxies(connections, command).await,
         Command::DeadLetters { command } => commands::dead_letters(connections, command).await,
@@ -501,7 +538,7 @@ mod tests {
             "{unknown}"
         );
         assert!(Cli::try_parse_from(["laurel", "serve", "--roles", "prefilter"]).is_ok());
-        assert!(!super::Role::BUILT.contains(&super::Role::Prefilter));
+        assert!(super::Role::BUILT.contains(&super::Role::Prefilter));
     }
 
     #[test]

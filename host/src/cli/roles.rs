@@ -35,18 +35,19 @@ pub enum Role {
     /// The HTTP server: public and admin APIs, HTTP functions, health,
     /// metrics.
     Api,
-    /// Raw analytics streams into events (not built yet).
+    /// Raw analytics topics into events some award can use (pipelines).
     Prefilter,
 }
 
 impl Role {
     /// The roles this build can run, in the order they start.
-    pub const BUILT: [Role; 5] = [
+    pub const BUILT: [Role; 6] = [
         Role::Ingest,
         Role::Awards,
         Role::Notify,
         Role::Proxies,
         Role::Api,
+        Role::Prefilter,
     ];
 
     pub fn name(self) -> &'static str {
@@ -231,7 +232,21 @@ async fn start<'a>(
             let (listener, state) = start_api(serving, registry, catalog).await?;
             Box::pin(async move { (name, crate::api::run(listener, state, stopped).await) })
         }
-        Role::Prefilter => anyhow::bail!("role `prefilter` is not built yet"),
+        Role::Prefilter => {
+            info!(message = "Pre-filter starting.", brokers = %serving.ingest.brokers);
+            let settings = serving.ingest.clone();
+            Box::pin(async move {
+                let ended = crate::ingest::prefilter::run(
+                    settings,
+                    database_url,
+                    registry,
+                    catalog,
+                    stopped,
+                )
+                .await;
+                (name, ended)
+            })
+        }
     })
 }
 

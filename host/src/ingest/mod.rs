@@ -12,6 +12,7 @@
 
 mod kafka;
 mod plan;
+pub mod prefilter;
 mod replay;
 mod verdict;
 

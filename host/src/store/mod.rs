@@ -12,6 +12,7 @@ mod functions;
 mod json_text;
 mod migrations;
 mod notifications;
+mod pipelines;
 mod pool;
 mod proxies;
 mod users;
@@ -29,6 +30,7 @@ pub use dead_letters::{DeadLetterRow, HeldObjective, LetterFilter, StoredLetter}
 pub use functions::{FunctionRow, FunctionVersion, PushOutcome};
 pub use migrations::MIGRATIONS;
 pub use notifications::{Delivery, NotificationRow, Webhook};
+pub use pipelines::{PIPELINES_CHANNEL, PipelineRow};
 pub use pool::{PooledStore, StorePool, StorePoolError};
 pub use proxies::{CandidateRow, ProxyPoolRow};
 pub use users::{ItemRow, LogRecord};

@@ -18,6 +18,7 @@ mod openapi;
 mod owned_postgres;
 mod pipeline;
 mod pipeline_support;
+mod prefilter;
 mod processes;
 mod proxy;
 mod quickstart;

@@ -1,0 +1,707 @@
+//! The pre-filter role: per pipeline, a consumer of a raw analytics topic
+//! that turns records into events with the pipeline's transform (Wasm),
+//! checks each event as ingest does, keeps only those some enabled award
+//! can use, and produces them to the source's topic keyed by user id.
+//!
+//! - **Kept, derived:** the objectives that can see the pipeline's source
+//!   (their filters' declared sources) run each event through their filters
+//!   and rule, as ingest would; an event every objective excludes or
+//!   ignores is dropped. The objectives follow award and function changes
+//!   without a restart.
+//! - **No loss:** a batch's offsets are committed only after its kept
+//!   events and its dead letters are acknowledged by the broker; a batch
+//!   that fails is read again. A record's events carry ids derived from its
+//!   position (or a field the transform config names), so a record read
+//!   again makes the same events and ingest adds them once.
+//! - **Malformed records** (no value, too large, a transform's refusal, an
+//!   event that fails the envelope's checks) go to `<input_topic>.dead`
+//!   with the reason in the `laurel-reason` header; the rest of the batch
+//!   goes on.
+//! - **A failing transform** (trap, timeout) is tried record by record: the
+//!   records it fails on are dead-lettered with why. A quarantined one
+//!   holds its own pipeline (nothing committed, retried every few
+//!   seconds until a new version is pushed); other pipelines go on.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use rdkafka::Message;
+use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::message::{Headers, OwnedMessage};
+use rdkafka::producer::FutureProducer;
+use rdkafka::{Offset, TopicPartitionList};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::{Instrument, error, info, info_span, warn};
+
+use super::kafka::{self, DeadLetters};
+use super::{IngestSettings, Plan, SourceContext, Verdict};
+use crate::catalog::Catalog;
+use crate::event::Envelope;
+use crate::metrics;
+use crate::registry::{Binding, Registry};
+use crate::runtime::{FunctionError, RawRecord, TransformInstance, Transformed};
+use crate::store::{self, PipelineRow, Store};
+
+/// A pipeline's consumer group: `<prefix>.prefilter.<pipeline>`.
+pub fn group(prefix: &str, pipeline: &str) -> String {
+    format!("{prefix}.prefilter.{pipeline}")
+}
+
+/// Where a pipeline's malformed records go.
+pub fn dead_topic(input_topic: &str) -> String {
+    format!("{input_topic}.dead")
+}
+
+struct Shared {
+    settings: IngestSettings,
+    registry: Arc<Registry>,
+    catalog: Arc<Catalog>,
+    dead_letters: DeadLetters,
+    producer: FutureProducer,
+}
+
+struct Running {
+    version: i32,
+    paused: Arc<AtomicBool>,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+/// Runs a consumer for every pipeline until `shutdown`; starts, restarts
+/// (a new version) and stops them as pipelines change (seen within a
+/// second), and follows pause/resume.
+pub async fn run(
+    settings: IngestSettings,
+    database_url: &str,
+    registry: Arc<Registry>,
+    catalog: Arc<Catalog>,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let mut notifications = store::listen(
+        database_url,
+        &[store::PIPELINES_CHANNEL, store::SOURCES_CHANNEL],
+    )
+    .await?;
+    let mut store = Store::connect(database_url).await?;
+    let shared = Arc::new(Shared {
+        dead_letters: DeadLetters::new(&settings.brokers, settings.max_event_bytes)?,
+        producer: kafka::producer(&settings.brokers)?,
+        settings,
+        registry,
+        catalog,
+    });
+    let mut running: HashMap<String, Running> = HashMap::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut failing = false;
+    loop {
+        let read = match store.heal().await {
+            Ok(_) => match store.pipelines().await {
+                Ok(pipelines) => store.sources().await.map(|sources| (pipelines, sources)),
+                Err(error) => Err(error),
+            },
+            Err(error) => Err(error),
+        };
+        match read {
+            Ok((pipelines, sources)) => {
+                if std::mem::take(&mut failing) {
+                    info!(message = "Reading pipelines again.");
+                }
+                let topics: HashMap<String, String> =
+                    sources.into_iter().map(|s| (s.name, s.topic)).collect();
+                // Gone or changed: stop.
+                let stale: Vec<String> = running
+                    .iter()
+                    .filter(|(name, r)| {
+                        !pipelines
+                            .iter()
+                            .any(|p| &p.name == *name && p.version == r.version)
+                    })
+                    .map(|(name, _)| name.clone())
+                    .collect();
+                for name in stale {
+                    if let Some(old) = running.remove(&name) {
+                        let _ = old.stop.send(true);
+                        let _ = old.task.await;
+                        info!(message = "Pipeline consumer stopped.", pipeline = %name);
+                    }
+                }
+                for pipeline in pipelines {
+                    if let Some(r) = running.get(&pipeline.name) {
+                        r.paused.store(pipeline.paused, Ordering::Release);
+                        continue;
+                    }
+                    let Some(out_topic) = topics.get(&pipeline.source).cloned() else {
+                        continue;
+                    };
+                    let paused = Arc::new(AtomicBool::new(pipeline.paused));
+                    let (stop, stop_rx) = watch::channel(false);
+                    info!(message = "Running a pipeline.", pipeline = %pipeline.name, input = %pipeline.input_topic, output = %out_topic, transform = %pipeline.transform, version = pipeline.version);
+                    let task = tokio::spawn(consume_pipeline(
+                        pipeline.clone(),
+                        out_topic,
+                        shared.clone(),
+                        paused.clone(),
+                        stop_rx,
+                    ));
+                    running.insert(
+                        pipeline.name,
+                        Running {
+                            version: pipeline.version,
+                            paused,
+                            stop,
+                            task,
+                        },
+                    );
+                }
+            }
+            Err(error) if !failing => {
+                failing = true;
+                warn!(message = "Failed to read pipelines; retrying every second.", %error);
+            }
+            Err(_) => {}
+        }
+        tokio::select! {
+            _ = &mut shutdown => break,
+            _ = notifications.recv() => {}
+            _ = tick.tick() => {}
+        }
+    }
+    info!(message = "Stopping the pre-filter: finishing the batches in hand.");
+    for (name, r) in running {
+        let _ = r.stop.send(true);
+        if let Err(error) = r.task.await {
+            error!(message = "A pipeline consumer ended abnormally.", pipeline = %name, %error);
+        }
+    }
+    Ok(())
+}
+
+async fn consume_pipeline(
+    pipeline: PipelineRow,
+    out_topic: String,
+    shared: Arc<Shared>,
+    paused: Arc<AtomicBool>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut backoff = Duration::from_millis(200);
+    loop {
+        match PipelineConsumer::new(&pipeline, &out_topic, &shared, paused.clone()) {
+            Ok(mut consumer) => {
+                consumer.run(stop).await;
+                return;
+            }
+            Err(error) => {
+                error!(message = "Failed to start a pipeline consumer; retrying.", pipeline = %pipeline.name, error = %format!("{error:#}"));
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(backoff) => {}
+            _ = stop.changed() => return,
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(10));
+    }
+}
+
+/// Why a batch was not finished (it is read again).
+#[derive(Debug, thiserror::Error)]
+enum BatchError {
+    /// The transform cannot run (missing, refusing its config, or
+    /// quarantined): the pipeline holds until it can.
+    #[error("{0}")]
+    Transform(String),
+    #[error("{0:#}")]
+    Kafka(anyhow::Error),
+}
+
+/// What became of one record.
+enum Fate {
+    /// Its events, checked, as envelope JSON (key = user id).
+    Events(Vec<(Envelope, String)>),
+    Dead(String),
+}
+
+struct PipelineConsumer {
+    pipeline: PipelineRow,
+    out_topic: String,
+    shared: Arc<Shared>,
+    consumer: StreamConsumer<SourceContext>,
+    paused: Arc<AtomicBool>,
+    is_paused: bool,
+    transform: Option<Binding<TransformInstance>>,
+    plan: Option<Plan>,
+    plan_generation: (u64, u64),
+}
+
+impl PipelineConsumer {
+    fn new(
+        pipeline: &PipelineRow,
+        out_topic: &str,
+        shared: &Arc<Shared>,
+        paused: Arc<AtomicBool>,
+    ) -> anyhow::Result<PipelineConsumer> {
+        let settings = &shared.settings;
+        let session_ms = settings.session_timeout.as_millis().max(1000);
+        let consumer: StreamConsumer<SourceContext> = kafka::client_config(&settings.brokers)
+            .set("group.id", group(&settings.group_prefix, &pipeline.name))
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("auto.offset.reset", "earliest")
+            .set("partition.assignment.strategy", "cooperative-sticky")
+            .set("session.timeout.ms", session_ms.to_string())
+            .set("heartbeat.interval.ms", (session_ms / 4).to_string())
+            .set("allow.auto.create.topics", "true")
+            .set("fetch.wait.max.ms", "20")
+            .set("topic.metadata.refresh.interval.ms", "2000")
+            .create_with_context(SourceContext {
+                paused: paused.clone(),
+            })
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "failed to create the consumer for pipeline {}: {e}",
+                    pipeline.name
+                )
+            })?;
+        consumer
+            .subscribe(&[&pipeline.input_topic])
+            .map_err(|e| anyhow::anyhow!("failed to subscribe to {}: {e}", pipeline.input_topic))?;
+        Ok(PipelineConsumer {
+            pipeline: pipeline.clone(),
+            out_topic: out_topic.to_string(),
+            shared: shared.clone(),
+            consumer,
+            paused,
+            is_paused: false,
+            transform: None,
+            plan: None,
+            plan_generation: (u64::MAX, u64::MAX),
+        })
+    }
+
+    async fn run(&mut self, mut stop: watch::Receiver<bool>) {
+        let settings = self.shared.settings.clone();
+        let mut last_error: Option<String> = None;
+        loop {
+            if *stop.borrow() {
+                break;
+            }
+            self.follow_pause();
+            let first = tokio::select! {
+                message = self.consumer.recv() => message,
+                _ = stop.changed() => break,
+                _ = tokio::time::sleep(Duration::from_millis(250)) => continue,
+            };
+            let first = match first {
+                Ok(message) => {
+                    last_error = None;
+                    message.detach()
+                }
+                Err(error) => {
+                    let text = error.to_string();
+                    if last_error.as_ref() != Some(&text) {
+                        warn!(message = "Kafka error while consuming; retrying.", pipeline = %self.pipeline.name, error = %text);
+                        last_error = Some(text);
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+            };
+            let mut bytes = first.payload().map_or(0, <[u8]>::len);
+            let mut batch = vec![first];
+            let deadline = tokio::time::Instant::now() + settings.batch_wait;
+            while batch.len() < settings.batch_size && bytes < settings.batch_max_bytes {
+                match tokio::time::timeout_at(deadline, self.consumer.recv()).await {
+                    Ok(Ok(message)) => {
+                        let message = message.detach();
+                        bytes += message.payload().map_or(0, <[u8]>::len);
+                        batch.push(message);
+                    }
+                    Ok(Err(error)) => {
+                        warn!(message = "Kafka error while consuming.", pipeline = %self.pipeline.name, %error);
+                        break;
+                    }
+                    Err(_) => break,
+                }
+            }
+            let span =
+                info_span!("prefilter_batch", pipeline = %self.pipeline.name, size = batch.len());
+            async {
+                if let Err(error) = self.process(&batch).await {
+                    error!(message = "A pre-filter batch was not finished; it will be read again.", pipeline = %self.pipeline.name, %error);
+                    self.rewind(&batch);
+                    let wait = match error {
+                        BatchError::Transform(_) => Duration::from_secs(3),
+                        BatchError::Kafka(_) => Duration::from_secs(1),
+                    };
+                    tokio::select! {
+                        _ = tokio::time::sleep(wait) => {}
+                        _ = stop.changed() => {}
+                    }
+                }
+            }
+            .instrument(span)
+            .await;
+        }
+        info!(message = "Pipeline consumer stopped.", pipeline = %self.pipeline.name);
+    }
+
+    fn follow_pause(&mut self) {
+        let want = self.paused.load(Ordering::Acquire);
+        if want == self.is_paused {
+            return;
+        }
+        let result = self.consumer.assignment().and_then(|assignment| {
+            if want {
+                self.consumer.pause(&assignment)
+            } else {
+                self.consumer.resume(&assignment)
+            }
+        });
+        match result {
+            Ok(()) => {
+                self.is_paused = want;
+                info!(message = if want { "Pipeline paused." } else { "Pipeline resumed." }, pipeline = %self.pipeline.name);
+            }
+            Err(error) => {
+                warn!(message = "Failed to pause or resume.", pipeline = %self.pipeline.name, %error)
+            }
+        }
+    }
+
+    fn rewind(&self, batch: &[OwnedMessage]) {
+        let mut first: HashMap<i32, i64> = HashMap::new();
+        for message in batch {
+            first
+                .entry(message.partition())
+                .and_modify(|o| *o = (*o).min(message.offset()))
+                .or_insert(message.offset());
+        }
+        for (partition, offset) in first {
+            if let Err(error) = self.consumer.seek(
+                &self.pipeline.input_topic,
+                partition,
+                Offset::Offset(offset),
+                Duration::from_secs(5),
+            ) {
+                warn!(message = "Failed to rewind; the uncommitted batch comes back after a restart.", pipeline = %self.pipeline.name, %error);
+            }
+        }
+    }
+
+    /// The transform, bound now if it was not (it follows new versions).
+    fn transform(&mut self) -> Result<&mut TransformInstance, BatchError> {
+        if self.transform.is_none() {
+            let binding = self
+                .shared
+                .registry
+                .bind_transform(
+                    &self.pipeline.transform,
+                    &self.pipeline.transform_config.to_string(),
+                )
+                .map_err(|e| {
+                    BatchError::Transform(format!("transform {}: {e}", self.pipeline.transform))
+                })?;
+            self.transform = Some(binding);
+        }
+        Ok(self.transform.as_mut().expect("bound above").instance())
+    }
+
+    /// The objectives that can see this pipeline's source, rebuilt when
+    /// awards or functions changed.
+    fn plan(&mut self) -> &mut Plan {
+        let generation = (
+            self.shared.catalog.generation(),
+            self.shared.registry.generation(),
+        );
+        if self.plan.is_none() || generation != self.plan_generation {
+            let awards = self.shared.catalog.awards();
+            let plan = Plan::build(&self.pipeline.source, &awards, &self.shared.registry);
+            info!(message = "Pre-filter objectives planned.", pipeline = %self.pipeline.name, source = %self.pipeline.source, objectives = plan.objective_count());
+            self.plan = Some(plan);
+            self.plan_generation = generation;
+        }
+        self.plan.as_mut().expect("planned above")
+    }
+
+    async fn process(&mut self, batch: &[OwnedMessage]) -> Result<(), BatchError> {
+        let max_bytes = self.shared.settings.max_event_bytes;
+        let mut fates: Vec<Option<Fate>> = batch.iter().map(|_| None).collect();
+        let mut records: Vec<RawRecord<'_>> = Vec::with_capacity(batch.len());
+        let mut positions: Vec<usize> = Vec::with_capacity(batch.len());
+        for (index, message) in batch.iter().enumerate() {
+            match message.payload() {
+                None => fates[index] = Some(Fate::Dead("empty message: no value".into())),
+                Some(value) if value.len() > max_bytes => {
+                    fates[index] = Some(Fate::Dead(format!(
+                        "record of {} bytes is over the limit of {max_bytes} bytes",
+                        value.len()
+                    )))
+                }
+                Some(value) => {
+                    positions.push(index);
+                    records.push(raw_record(message, value));
+                }
+            }
+        }
+        let topic = self.pipeline.input_topic.clone();
+        let answers = self.transform_all(&topic, &records)?;
+        for (position, answer) in positions.iter().zip(answers) {
+            fates[*position] = Some(match answer {
+                Ok(events) => self.checked(events),
+                Err(reason) => Fate::Dead(reason),
+            });
+        }
+        drop(records);
+
+        // Keep what some objective can use.
+        let mut candidates: Vec<(usize, Envelope, String)> = Vec::new();
+        for (index, fate) in fates.iter_mut().enumerate() {
+            if let Some(Fate::Events(events)) = fate {
+                for (envelope, json) in events.drain(..) {
+                    candidates.push((index, envelope, json));
+                }
+            }
+        }
+        let envelopes: Vec<Envelope> = candidates.iter().map(|(_, e, _)| e.clone()).collect();
+        let keep = if envelopes.is_empty() {
+            Vec::new()
+        } else {
+            let plan = self.plan();
+            if plan.objective_count() == 0 {
+                vec![false; envelopes.len()]
+            } else {
+                let verdicts = plan.verdicts(&envelopes);
+                (0..envelopes.len())
+                    .map(|i| {
+                        verdicts
+                            .iter()
+                            .any(|per_objective| usable(&per_objective[i]))
+                    })
+                    .collect()
+            }
+        };
+        let kept: Vec<&(usize, Envelope, String)> = candidates
+            .iter()
+            .zip(&keep)
+            .filter_map(|(candidate, keep)| keep.then_some(candidate))
+            .collect();
+        let dropped = candidates.len() - kept.len();
+
+        // Everything acknowledged before anything is committed.
+        let sends = kept.iter().map(|(_, envelope, json)| {
+            kafka::publish(
+                &self.shared.producer,
+                &self.out_topic,
+                Some(envelope.user_id.as_bytes()),
+                json.as_bytes(),
+                &[],
+            )
+        });
+        for result in futures_util::future::join_all(sends).await {
+            result.map_err(BatchError::Kafka)?;
+        }
+        let mut dead = 0;
+        for (message, fate) in batch.iter().zip(&fates) {
+            if let Some(Fate::Dead(reason)) = fate {
+                dead_letter(&self.shared, &self.pipeline, message, reason).await?;
+                dead += 1;
+            }
+        }
+        let mut offsets = TopicPartitionList::new();
+        let mut next: HashMap<i32, i64> = HashMap::new();
+        for message in batch {
+            let at = next.entry(message.partition()).or_insert(0);
+            *at = (*at).max(message.offset() + 1);
+        }
+        for (partition, offset) in next {
+            offsets
+                .add_partition_offset(&topic, partition, Offset::Offset(offset))
+                .map_err(|e| BatchError::Kafka(e.into()))?;
+        }
+        self.consumer
+            .commit(&offsets, CommitMode::Sync)
+            .map_err(|e| BatchError::Kafka(e.into()))?;
+        let labels = |outcome| {
+            [
+                ("pipeline", self.pipeline.name.as_str()),
+                ("outcome", outcome),
+            ]
+        };
+        metrics::add(
+            metrics::PREFILTER_EVENTS,
+            &labels("kept"),
+            kept.len() as u64,
+        );
+        metrics::add(
+            metrics::PREFILTER_EVENTS,
+            &labels("dropped"),
+            dropped as u64,
+        );
+        metrics::add(metrics::PREFILTER_EVENTS, &labels("dead"), dead);
+        Ok(())
+    }
+
+    /// The transform's answer for each record; a failing call is tried
+    /// record by record, and the records it fails on get the failure as
+    /// their reason. A transform that cannot run at all holds the batch.
+    fn transform_all(
+        &mut self,
+        topic: &str,
+        records: &[RawRecord<'_>],
+    ) -> Result<Vec<Result<Vec<Transformed>, String>>, BatchError> {
+        if records.is_empty() {
+            return Ok(Vec::new());
+        }
+        match self.transform()?.apply(topic, records) {
+            Ok(answers) => return Ok(answers),
+            Err(error) if holds(&error) => return Err(BatchError::Transform(error.to_string())),
+            Err(_) => {}
+        }
+        let mut answers = Vec::with_capacity(records.len());
+        for record in records {
+            match self.transform()?.apply(topic, std::slice::from_ref(record)) {
+                Ok(mut one) => answers.push(one.pop().unwrap_or(Ok(Vec::new()))),
+                Err(error) if holds(&error) => {
+                    return Err(BatchError::Transform(error.to_string()));
+                }
+                Err(error) => answers.push(Err(error.to_string())),
+            }
+        }
+        Ok(answers)
+    }
+
+    /// A record's events with the pipeline's source, each checked as ingest
+    /// checks a message; one that fails makes the record dead (none of its
+    /// events go on, so a fixed record is replayed whole).
+    fn checked(&self, events: Vec<Transformed>) -> Fate {
+        let max_bytes = self.shared.settings.max_event_bytes;
+        let mut checked = Vec::with_capacity(events.len());
+        for (n, event) in events.into_iter().enumerate() {
+            let json = match envelope_json(&event, &self.pipeline.source) {
+                Ok(json) => json,
+                Err(reason) => return Fate::Dead(format!("event {n}: {reason}")),
+            };
+            if json.len() > max_bytes {
+                return Fate::Dead(format!(
+                    "event {n}: {} bytes, over the limit of {max_bytes} bytes",
+                    json.len()
+                ));
+            }
+            match Envelope::parse(json.as_bytes()) {
+                Ok(envelope) => checked.push((envelope, json)),
+                Err(reason) => return Fate::Dead(format!("event {n}: {reason}")),
+            }
+        }
+        Fate::Events(checked)
+    }
+}
+
+/// Publishes a raw record to its pipeline's dead-letter topic, with why.
+async fn dead_letter(
+    shared: &Shared,
+    pipeline: &PipelineRow,
+    message: &OwnedMessage,
+    reason: &str,
+) -> Result<(), BatchError> {
+    let topic = dead_topic(&pipeline.input_topic);
+    let reason = crate::event::printable(reason, 4096);
+    let (partition, offset) = (
+        message.partition().to_string(),
+        message.offset().to_string(),
+    );
+    let headers = [
+        ("laurel-reason", reason.as_str()),
+        ("laurel-pipeline", pipeline.name.as_str()),
+        ("laurel-topic", pipeline.input_topic.as_str()),
+        ("laurel-partition", partition.as_str()),
+        ("laurel-offset", offset.as_str()),
+    ];
+    let original: Vec<(String, Vec<u8>)> = message
+        .headers()
+        .map(|h| {
+            h.iter()
+                .map(|header| {
+                    (
+                        header.key.to_string(),
+                        header.value.unwrap_or_default().to_vec(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let value = message
+        .payload()
+        .filter(|v| v.len() <= shared.settings.max_event_bytes);
+    shared
+        .dead_letters
+        .publish(&topic, message.key(), value, &headers, &original)
+        .await
+        .map_err(BatchError::Kafka)?;
+    warn!(message = "Raw record dead-lettered.", pipeline = %pipeline.name, partition = message.partition(), offset = message.offset(), reason = %reason);
+    Ok(())
+}
+
+/// Whether a transform's failure holds the whole pipeline (it cannot run
+/// for any record) rather than failing one record.
+fn holds(error: &FunctionError) -> bool {
+    matches!(
+        error,
+        FunctionError::Quarantined { .. }
+            | FunctionError::Config { .. }
+            | FunctionError::Instantiate { .. }
+            | FunctionError::Input { .. }
+    )
+}
+
+/// Whether an objective's verdict makes an event worth producing:
+/// anything but "a filter excludes it" or "its rule ignores it" (a held
+/// or refused event goes on, for ingest to hold or log).
+fn usable(verdict: &Verdict) -> bool {
+    !matches!(verdict, Verdict::Excluded { .. } | Verdict::Nothing { .. })
+}
+
+fn raw_record<'a>(message: &'a OwnedMessage, value: &'a [u8]) -> RawRecord<'a> {
+    RawRecord {
+        partition: message.partition(),
+        offset: message.offset(),
+        value,
+        key: message.key(),
+        timestamp_ms: message.timestamp().to_millis(),
+        headers: message
+            .headers()
+            .map(|h| {
+                h.iter()
+                    .map(|header| (header.key, header.value.unwrap_or_default()))
+                    .collect()
+            })
+            .unwrap_or_default(),
+    }
+}
+
+/// The contract's JSON envelope of a transformed event, with `source`.
+fn envelope_json(event: &Transformed, source: &str) -> Result<String, String> {
+    let payload: serde_json::Value = serde_json::from_str(&event.payload)
+        .map_err(|e| format!("its payload is not JSON: {e}"))?;
+    if !payload.is_object() {
+        return Err("its payload is not a JSON object".into());
+    }
+    let mut envelope = serde_json::json!({
+        "id": event.id,
+        "source": source,
+        "type": event.event_type,
+        "user_id": event.user_id,
+        "authorized": event.authorized,
+        "occurred_at": event.occurred_at,
+        "payload": payload,
+    });
+    if let Some(content_id) = &event.content_id {
+        envelope["content_id"] = content_id.as_str().into();
+    }
+    if let Some(status) = &event.status {
+        envelope["status"] = status.as_str().into();
+    }
+    Ok(envelope.to_string())
+}

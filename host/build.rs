@@ -24,6 +24,7 @@ const GUESTS: &[&str] = &[
     "key-value-transform",
     "csv-transform",
     "hostile-function",
+    "hostile-transform",
     "accept-all-filter",
     "reject-all-filter",
 ];

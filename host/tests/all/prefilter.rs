@@ -75,22 +75,27 @@ fn kind(n: usize) -> Kind {
 }
 
 /// The messages on `topic`, from the start: at least `want` (waiting up
-/// to five minutes for them), then any more that arrive within `quiet`:
+/// to `patience` for them), then any more that arrive within `quiet`:
 /// (key, value).
-async fn drain(brokers: &str, topic: &str, want: usize, quiet: Duration) -> Vec<(String, Vec<u8>)> {
+async fn drain(
+    brokers: &str,
+    topic: &str,
+    want: usize,
+    patience: Duration,
+    quiet: Duration,
+) -> Vec<(String, Vec<u8>)> {
     let consumer: StreamConsumer = rdkafka::ClientConfig::new()
         .set("bootstrap.servers", brokers)
-        .set(
-            "group.id",
-            format!("test-drain-{topic}-{}", std::process::id()),
-        )
+        // A group of its own each time: a new member of an old group waits
+        // for the old one's session to end.
+        .set("group.id", format!("test-drain-{topic}-{}", unique()))
         .set("auto.offset.reset", "earliest")
         .set("enable.auto.commit", "false")
         .create()
         .unwrap();
     consumer.subscribe(&[topic]).unwrap();
     let mut found = Vec::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
+    let deadline = tokio::time::Instant::now() + patience;
     loop {
         let wait = if found.len() < want {
             deadline.saturating_duration_since(tokio::time::Instant::now())
@@ -160,23 +165,18 @@ async fn raw_records_become_exactly_the_events_some_award_needs() {
         }
     }
 
-    let registry = Registry::start(&p.db.url, support::runtime())
-        .await
-        .unwrap();
-    let catalog = Catalog::start(&p.db.url).await.unwrap();
-    let (stop, stopped) = oneshot::channel::<()>();
-    let url = p.db.url.clone();
-    let prefilter_settings = settings(&brokers);
-    let prefilter = tokio::spawn(async move {
-        ingest::prefilter::run(prefilter_settings, &url, registry, catalog, async {
-            let _ = stopped.await;
-        })
-        .await
-    });
+    let prefilter = Prefilter::start(&p).await;
 
     // Exactly the trips, once each, keyed by user, ids from their position.
     let trips = expected_ids.len();
-    let kept = drain(&brokers, "events.bss", trips, Duration::from_secs(3)).await;
+    let kept = drain(
+        &brokers,
+        "events.bss",
+        trips,
+        FIVE_MINUTES,
+        Duration::from_secs(3),
+    )
+    .await;
     assert_eq!(kept.len(), trips, "kept events on events.bss");
     let mut ids = BTreeSet::new();
     for (key, value) in &kept {
@@ -207,6 +207,7 @@ async fn raw_records_become_exactly_the_events_some_award_needs() {
             &brokers,
             &format!("raw.{format}.dead"),
             *count,
+            FIVE_MINUTES,
             Duration::from_secs(2),
         )
         .await;
@@ -224,7 +225,247 @@ async fn raw_records_become_exactly_the_events_some_award_needs() {
         assert_eq!(counters.get("metres"), Some(metres), "{user}");
     }
 
-    let _ = stop.send(());
-    prefilter.await.unwrap().unwrap();
+    prefilter.stop().await;
+    p.stop().await;
+}
+
+/// A pre-filter running beside a test's pipeline, with a registry and a
+/// catalog of its own (as a separate process would have).
+struct Prefilter {
+    stop: oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Prefilter {
+    async fn start(p: &Pipeline) -> Prefilter {
+        let registry = Registry::start(&p.db.url, support::runtime())
+            .await
+            .unwrap();
+        let catalog = Catalog::start(&p.db.url).await.unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let url = p.db.url.clone();
+        let settings = settings(p.broker.bootstrap_servers());
+        let task = tokio::spawn(async move {
+            ingest::prefilter::run(settings, &url, registry, catalog, async {
+                let _ = stopped.await;
+            })
+            .await
+        });
+        Prefilter { stop, task }
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        self.task.await.unwrap().unwrap();
+    }
+}
+
+async fn send(p: &Pipeline, topic: &str, values: &[&str]) {
+    for value in values {
+        ingest::publish(&p.producer, topic, Some(b"k"), value.as_bytes(), &[])
+            .await
+            .unwrap();
+    }
+}
+
+fn unique() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
+const FIVE_MINUTES: Duration = Duration::from_secs(300);
+
+/// The ids and types on `events.bss` once `want` are there (or `patience`
+/// has passed).
+async fn produced(p: &Pipeline, want: usize, patience: Duration) -> Vec<(String, String)> {
+    drain(
+        p.broker.bootstrap_servers(),
+        "events.bss",
+        want,
+        patience,
+        Duration::from_secs(2),
+    )
+    .await
+    .into_iter()
+    .map(|(_, value)| {
+        let event: Value = serde_json::from_slice(&value).unwrap();
+        (
+            event["id"].as_str().unwrap().to_string(),
+            event["type"].as_str().unwrap().to_string(),
+        )
+    })
+    .collect()
+}
+
+const KV_PIPELINE: &str = r#"{"name": "navi-kv", "input_topic": "raw.kv", "source": "bss",
+  "transform": {"name": "KeyValueTransform", "config": {"fields": {
+    "user_id": "uid", "type": "event", "authorized": {"const": true}, "occurred_at": "ts",
+    "occurred_at_unit": "s", "payload": {"distance_m": "dist"}}}}}"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_award_applied_while_running_widens_what_is_kept() {
+    let p = Pipeline::start(AWARDS, &["bss"]).await;
+    p.broker.create_topic("raw.kv", 1).unwrap();
+    let mut store = p.db.store().await;
+    laurel::pipelines::apply(&mut store, &p.registry, KV_PIPELINE)
+        .await
+        .unwrap();
+    let prefilter = Prefilter::start(&p).await;
+    // No award counts built routes: dropped; a trip is kept.
+    send(
+        &p,
+        "raw.kv",
+        &[
+            "ts=1764583200 uid=u-1 event=navi.route_built dist=5",
+            "ts=1764583201 uid=u-1 event=navi.trip_finished dist=7",
+        ],
+    )
+    .await;
+    assert_eq!(
+        produced(&p, 1, FIVE_MINUTES).await,
+        [("raw.kv/0/1".to_string(), "navi.trip_finished".to_string())]
+    );
+    let routes = r#"[{"id": "route-planner", "title": "Route planner",
+      "objectives": [{"id": "routes",
+        "filters": [{"name": "SourceFilter", "config": {"sources": ["bss"]}},
+                    {"name": "EventTypeFilter", "config": {"types": ["navi.route_built"]}}],
+        "rule": {"name": "CountRule", "config": {"counter": "routes"}}, "progress_counter": "routes"}],
+      "strategy": {"goal": 3, "strategy": [{"objective_id": "routes"}]}}]"#;
+    laurel::definitions::apply(&mut store, &p.registry, routes)
+        .await
+        .unwrap();
+    // The pre-filter follows its catalog's notification, without a restart.
+    let mut kept = Vec::new();
+    for attempt in 0..50 {
+        let value = format!("ts=1764583300 uid=u-1 event=navi.route_built dist={attempt}");
+        send(&p, "raw.kv", &[&value]).await;
+        kept = produced(&p, 2, Duration::from_secs(10)).await;
+        if kept.len() >= 2 {
+            break;
+        }
+    }
+    assert_eq!(kept[1].1, "navi.route_built", "{kept:?}");
+    assert!(
+        !kept.iter().any(|(id, _)| id == "raw.kv/0/0"),
+        "the route built before the award stays dropped: {kept:?}"
+    );
+    prefilter.stop().await;
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_transform_costs_its_records_and_its_pipeline_only() {
+    let p = Pipeline::start(AWARDS, &["bss"]).await;
+    for topic in ["raw.kv", "raw.hostile"] {
+        p.broker.create_topic(topic, 1).unwrap();
+    }
+    let mut store = p.db.store().await;
+    let hostile = support::guest_bytes("hostile_transform");
+    laurel::registry::push(
+        &mut store,
+        &support::runtime(),
+        "HostileTransform",
+        &hostile,
+        None,
+    )
+    .await
+    .unwrap();
+    let pipelines = format!(
+        r#"[{KV_PIPELINE}, {{"name": "hostile", "input_topic": "raw.hostile", "source": "bss",
+            "transform": {{"name": "HostileTransform", "config": {{}}}}}}]"#
+    );
+    laurel::pipelines::apply(&mut store, &p.registry, &pipelines)
+        .await
+        .unwrap();
+    send(
+        &p,
+        "raw.hostile",
+        &[
+            "u-1 navi.trip_finished",
+            "panic",
+            "u-2 navi.trip_finished",
+            "bad-time",
+            "flood",
+            "u-3 navi.trip_finished",
+        ],
+    )
+    .await;
+    let prefilter = Prefilter::start(&p).await;
+    let kept = produced(&p, 3, FIVE_MINUTES).await;
+    let ids: BTreeSet<&str> = kept.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(
+        ids,
+        BTreeSet::from(["raw.hostile/0/0", "raw.hostile/0/2", "raw.hostile/0/5"]),
+        "{kept:?}"
+    );
+    let letters = dead_letter_messages(p.broker.bootstrap_servers(), "raw.hostile.dead", 3).await;
+    let reasons: Vec<&str> = letters.iter().map(|(_, r, _)| r.as_str()).collect();
+    assert!(
+        reasons[0].contains("HostileTransform v1 trapped")
+            && reasons[0].contains("hostile transform panics on offset 1"),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons[1].starts_with("event 0: malformed event:"),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons[2].contains("5000 events from one record"),
+        "{reasons:?}"
+    );
+
+    // Failures in a row quarantine it: its pipeline holds (nothing of it
+    // is produced or committed), the other pipeline goes on.
+    send(
+        &p,
+        "raw.hostile",
+        &[
+            "panic",
+            "panic",
+            "panic",
+            "panic",
+            "panic",
+            "u-4 navi.trip_finished",
+        ],
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    send(
+        &p,
+        "raw.kv",
+        &["ts=1764583200 uid=u-5 event=navi.trip_finished dist=9"],
+    )
+    .await;
+    let kept = produced(&p, 4, FIVE_MINUTES).await;
+    let ids: BTreeSet<&str> = kept.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(
+        ids,
+        BTreeSet::from([
+            "raw.hostile/0/0",
+            "raw.hostile/0/2",
+            "raw.hostile/0/5",
+            "raw.kv/0/0"
+        ]),
+        "u-4's trip waits behind the quarantine: {kept:?}"
+    );
+    let quarantined: Option<String> =
+        p.db.sql()
+            .await
+            .query_one(
+                "SELECT quarantine_reason FROM functions WHERE name = 'HostileTransform'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+    assert!(
+        quarantined
+            .as_deref()
+            .is_some_and(|r| r.contains("consecutive failures")),
+        "{quarantined:?}"
+    );
+    prefilter.stop().await;
     p.stop().await;
 }

@@ -74,18 +74,30 @@ pub(super) async fn functions(
     Ok(())
 }
 
+/// What applying a definition file needs: its text, a registry to check
+/// it against (the database migrated, the built-ins registered) and a
+/// store.
+async fn definition_file(
+    connections: &Connections,
+    file: &std::path::Path,
+    sandbox: &crate::settings::Sandbox,
+) -> anyhow::Result<(String, std::sync::Arc<Registry>, Store)> {
+    let text = std::fs::read_to_string(file)
+        .with_context(|| format!("failed to read {}", file.display()))?;
+    let runtime = sandbox.runtime()?;
+    super::roles::prepare(connections, &runtime).await?;
+    let registry = Registry::start(&connections.database_url, runtime).await?;
+    let store = Store::connect(&connections.database_url).await?;
+    Ok((text, registry, store))
+}
+
 pub(super) async fn awards(
     connections: &Connections,
     command: AwardsCommand,
 ) -> anyhow::Result<()> {
     match command {
         AwardsCommand::Apply { file, sandbox } => {
-            let text = std::fs::read_to_string(&file)
-                .with_context(|| format!("failed to read {}", file.display()))?;
-            let runtime = sandbox.runtime()?;
-            super::roles::prepare(connections, &runtime).await?;
-            let registry = Registry::start(&connections.database_url, runtime).await?;
-            let mut store = Store::connect(&connections.database_url).await?;
+            let (text, registry, mut store) = definition_file(connections, &file, &sandbox).await?;
             let applied = definitions::apply(&mut store, &registry, &text).await?;
             for (id, version) in applied {
                 println!("applied {id} v{version}");
@@ -397,12 +409,7 @@ pub(super) async fn pipelines(
 ) -> anyhow::Result<()> {
     match command {
         PipelinesCommand::Apply { file, sandbox } => {
-            let text = std::fs::read_to_string(&file)
-                .with_context(|| format!("failed to read {}", file.display()))?;
-            let runtime = sandbox.runtime()?;
-            super::roles::prepare(connections, &runtime).await?;
-            let registry = Registry::start(&connections.database_url, runtime).await?;
-            let mut store = Store::connect(&connections.database_url).await?;
+            let (text, registry, mut store) = definition_file(connections, &file, &sandbox).await?;
             for (name, version) in crate::pipelines::apply(&mut store, &registry, &text).await? {
                 println!("applied pipeline {name} v{version}");
             }

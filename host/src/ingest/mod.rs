@@ -253,6 +253,88 @@ fn offset_ranges(batch: &[OwnedMessage]) -> String {
         .join(" ")
 }
 
+/// A consumer in `group` that commits only what it is told to, starts
+/// from the earliest offset, and pauses partitions assigned while `paused`
+/// (ingest's per source, the pre-filter's per pipeline).
+fn group_consumer(
+    settings: &IngestSettings,
+    group: &str,
+    paused: Arc<AtomicBool>,
+) -> rdkafka::error::KafkaResult<StreamConsumer<SourceContext>> {
+    let session_ms = settings.session_timeout.as_millis().max(1000);
+    kafka::client_config(&settings.brokers)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("partition.assignment.strategy", "cooperative-sticky")
+        .set("session.timeout.ms", session_ms.to_string())
+        .set("heartbeat.interval.ms", (session_ms / 4).to_string())
+        .set("allow.auto.create.topics", "true")
+        .set("fetch.wait.max.ms", "20")
+        // A topic that appears after the consumer starts is seen soon.
+        .set("topic.metadata.refresh.interval.ms", "2000")
+        .create_with_context(SourceContext { paused })
+}
+
+/// Pauses or resumes `consumer`'s assignment as `paused` says; returns
+/// whether it is paused now. `what` names it in the log ("source photos").
+fn follow_pause(
+    consumer: &StreamConsumer<SourceContext>,
+    paused: &AtomicBool,
+    is_paused: bool,
+    what: &str,
+) -> bool {
+    let want = paused.load(Ordering::Acquire);
+    if want == is_paused {
+        return is_paused;
+    }
+    let result = consumer.assignment().and_then(|assignment| {
+        if want {
+            consumer.pause(&assignment)
+        } else {
+            consumer.resume(&assignment)
+        }
+    });
+    match result {
+        Ok(()) => {
+            info!(message = if want { "Paused." } else { "Resumed." }, consumer = %what);
+            want
+        }
+        Err(error) => {
+            warn!(message = "Failed to pause or resume.", consumer = %what, %error);
+            is_paused
+        }
+    }
+}
+
+/// Seeks `consumer` back to the first offset of `batch` in each partition
+/// of `topic`, so an unfinished batch is read again.
+fn rewind(
+    consumer: &StreamConsumer<SourceContext>,
+    topic: &str,
+    batch: &[OwnedMessage],
+    what: &str,
+) {
+    let mut first: HashMap<i32, i64> = HashMap::new();
+    for message in batch {
+        first
+            .entry(message.partition())
+            .and_modify(|o| *o = (*o).min(message.offset()))
+            .or_insert(message.offset());
+    }
+    for (partition, offset) in first {
+        if let Err(error) = consumer.seek(
+            topic,
+            partition,
+            Offset::Offset(offset),
+            Duration::from_secs(5),
+        ) {
+            warn!(message = "Failed to rewind; the uncommitted batch comes back after a restart.", consumer = %what, %error);
+        }
+    }
+}
+
 async fn consume_source(
     source: SourceRow,
     shared: Arc<Shared>,
@@ -296,31 +378,13 @@ impl SourceConsumer {
         paused: Arc<AtomicBool>,
     ) -> anyhow::Result<SourceConsumer> {
         let settings = &shared.settings;
-        let session_ms = settings.session_timeout.as_millis().max(1000);
-        let consumer: StreamConsumer<SourceContext> = kafka::client_config(&settings.brokers)
-            .set(
-                "group.id",
-                format!("{}.{}", settings.group_prefix, source.name),
+        let group = format!("{}.{}", settings.group_prefix, source.name);
+        let consumer = group_consumer(settings, &group, paused.clone()).map_err(|e| {
+            anyhow::anyhow!(
+                "failed to create the consumer for source {}: {e}",
+                source.name
             )
-            .set("enable.auto.commit", "false")
-            .set("enable.auto.offset.store", "false")
-            .set("auto.offset.reset", "earliest")
-            .set("partition.assignment.strategy", "cooperative-sticky")
-            .set("session.timeout.ms", session_ms.to_string())
-            .set("heartbeat.interval.ms", (session_ms / 4).to_string())
-            .set("allow.auto.create.topics", "true")
-            .set("fetch.wait.max.ms", "20")
-            // A topic that appears after the consumer starts is seen soon.
-            .set("topic.metadata.refresh.interval.ms", "2000")
-            .create_with_context(SourceContext {
-                paused: paused.clone(),
-            })
-            .map_err(|e| {
-                anyhow::anyhow!(
-                    "failed to create the consumer for source {}: {e}",
-                    source.name
-                )
-            })?;
+        })?;
         consumer
             .subscribe(&[&source.topic])
             .map_err(|e| anyhow::anyhow!("failed to subscribe to {}: {e}", source.topic))?;
@@ -407,46 +471,13 @@ impl SourceConsumer {
     }
 
     fn follow_pause(&mut self) {
-        let want = self.paused.load(Ordering::Acquire);
-        if want == self.is_paused {
-            return;
-        }
-        let result = self.consumer.assignment().and_then(|assignment| {
-            if want {
-                self.consumer.pause(&assignment)
-            } else {
-                self.consumer.resume(&assignment)
-            }
-        });
-        match result {
-            Ok(()) => {
-                self.is_paused = want;
-                info!(message = if want { "Source paused." } else { "Source resumed." }, source = %self.source.name);
-            }
-            Err(error) => {
-                warn!(message = "Failed to pause or resume.", source = %self.source.name, %error)
-            }
-        }
+        let what = format!("source {}", self.source.name);
+        self.is_paused = follow_pause(&self.consumer, &self.paused, self.is_paused, &what);
     }
 
     fn rewind(&self, batch: &[OwnedMessage]) {
-        let mut first: HashMap<i32, i64> = HashMap::new();
-        for message in batch {
-            first
-                .entry(message.partition())
-                .and_modify(|o| *o = (*o).min(message.offset()))
-                .or_insert(message.offset());
-        }
-        for (partition, offset) in first {
-            if let Err(error) = self.consumer.seek(
-                &self.source.topic,
-                partition,
-                Offset::Offset(offset),
-                Duration::from_secs(5),
-            ) {
-                warn!(message = "Failed to rewind; the uncommitted batch comes back after a restart.", source = %self.source.name, %error);
-            }
-        }
+        let what = format!("source {}", self.source.name);
+        rewind(&self.consumer, &self.source.topic, batch, &what);
     }
 
     fn decode(&self, message: &OwnedMessage) -> Result<Envelope, String> {

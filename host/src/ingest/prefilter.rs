@@ -37,7 +37,7 @@ use tokio::task::JoinHandle;
 use tracing::{Instrument, error, info, info_span, warn};
 
 use super::kafka::{self, DeadLetters};
-use super::{IngestSettings, Plan, SourceContext, Verdict};
+use super::{IngestSettings, Plan, SourceContext, Verdict, follow_pause, group_consumer, rewind};
 use crate::catalog::Catalog;
 use crate::event::Envelope;
 use crate::metrics;
@@ -244,27 +244,17 @@ impl PipelineConsumer {
         paused: Arc<AtomicBool>,
     ) -> anyhow::Result<PipelineConsumer> {
         let settings = &shared.settings;
-        let session_ms = settings.session_timeout.as_millis().max(1000);
-        let consumer: StreamConsumer<SourceContext> = kafka::client_config(&settings.brokers)
-            .set("group.id", group(&settings.group_prefix, &pipeline.name))
-            .set("enable.auto.commit", "false")
-            .set("enable.auto.offset.store", "false")
-            .set("auto.offset.reset", "earliest")
-            .set("partition.assignment.strategy", "cooperative-sticky")
-            .set("session.timeout.ms", session_ms.to_string())
-            .set("heartbeat.interval.ms", (session_ms / 4).to_string())
-            .set("allow.auto.create.topics", "true")
-            .set("fetch.wait.max.ms", "20")
-            .set("topic.metadata.refresh.interval.ms", "2000")
-            .create_with_context(SourceContext {
-                paused: paused.clone(),
-            })
-            .map_err(|e| {
-                anyhow::anyhow!(
-                    "failed to create the consumer for pipeline {}: {e}",
-                    pipeline.name
-                )
-            })?;
+        let consumer = group_consumer(
+            settings,
+            &group(&settings.group_prefix, &pipeline.name),
+            paused.clone(),
+        )
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "failed to create the consumer for pipeline {}: {e}",
+                pipeline.name
+            )
+        })?;
         consumer
             .subscribe(&[&pipeline.input_topic])
             .map_err(|e| anyhow::anyhow!("failed to subscribe to {}: {e}", pipeline.input_topic))?;
@@ -349,46 +339,13 @@ impl PipelineConsumer {
     }
 
     fn follow_pause(&mut self) {
-        let want = self.paused.load(Ordering::Acquire);
-        if want == self.is_paused {
-            return;
-        }
-        let result = self.consumer.assignment().and_then(|assignment| {
-            if want {
-                self.consumer.pause(&assignment)
-            } else {
-                self.consumer.resume(&assignment)
-            }
-        });
-        match result {
-            Ok(()) => {
-                self.is_paused = want;
-                info!(message = if want { "Pipeline paused." } else { "Pipeline resumed." }, pipeline = %self.pipeline.name);
-            }
-            Err(error) => {
-                warn!(message = "Failed to pause or resume.", pipeline = %self.pipeline.name, %error)
-            }
-        }
+        let what = format!("pipeline {}", self.pipeline.name);
+        self.is_paused = follow_pause(&self.consumer, &self.paused, self.is_paused, &what);
     }
 
     fn rewind(&self, batch: &[OwnedMessage]) {
-        let mut first: HashMap<i32, i64> = HashMap::new();
-        for message in batch {
-            first
-                .entry(message.partition())
-                .and_modify(|o| *o = (*o).min(message.offset()))
-                .or_insert(message.offset());
-        }
-        for (partition, offset) in first {
-            if let Err(error) = self.consumer.seek(
-                &self.pipeline.input_topic,
-                partition,
-                Offset::Offset(offset),
-                Duration::from_secs(5),
-            ) {
-                warn!(message = "Failed to rewind; the uncommitted batch comes back after a restart.", pipeline = %self.pipeline.name, %error);
-            }
-        }
+        let what = format!("pipeline {}", self.pipeline.name);
+        rewind(&self.consumer, &self.pipeline.input_topic, batch, &what);
     }
 
     /// The transform, bound now if it was not (it follows new versions).

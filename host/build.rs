@@ -27,6 +27,7 @@ const GUESTS: &[&str] = &[
     "hostile-transform",
     "accept-all-filter",
     "reject-all-filter",
+    "plain-filter",
 ];
 
 fn main() {

@@ -247,17 +247,33 @@ pub fn validate(
 pub fn sources_of<'a>(
     filters: impl IntoIterator<Item = &'a mut Binding<FilterInstance>>,
 ) -> Option<BTreeSet<String>> {
-    let mut sources: Option<BTreeSet<String>> = None;
+    declared(filters, FilterInstance::sources)
+}
+
+/// The event types an objective with these filters can match: those every
+/// filter that declares its types can match (None: any).
+pub fn event_types_of<'a>(
+    filters: impl IntoIterator<Item = &'a mut Binding<FilterInstance>>,
+) -> Option<BTreeSet<String>> {
+    declared(filters, FilterInstance::event_types)
+}
+
+/// What every filter that declares something (`declares`) allows.
+fn declared<'a>(
+    filters: impl IntoIterator<Item = &'a mut Binding<FilterInstance>>,
+    declares: fn(&FilterInstance) -> Option<&[String]>,
+) -> Option<BTreeSet<String>> {
+    let mut allowed: Option<BTreeSet<String>> = None;
     for filter in filters {
-        if let Some(these) = filter.instance().sources() {
+        if let Some(these) = declares(filter.instance()) {
             let these: BTreeSet<String> = these.iter().cloned().collect();
-            sources = Some(match sources {
+            allowed = Some(match allowed {
                 Some(previous) => previous.intersection(&these).cloned().collect(),
                 None => these,
             });
         }
     }
-    sources
+    allowed
 }
 
 /// Why applying definitions failed.

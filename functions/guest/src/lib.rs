@@ -14,7 +14,7 @@
 #[allow(missing_docs, clippy::all)]
 pub mod filter {
     wit_bindgen::generate!({
-        world: "filter",
+        world: "scoped-filter",
         path: "../../wit",
         pub_export_macro: true,
         export_macro_name: "export_filter_world",
@@ -85,6 +85,12 @@ pub trait Filter: Sized + 'static {
     fn sources(&self) -> Option<Vec<String>> {
         None
     }
+    /// The event types this filter can ever match; `None` when any. The
+    /// pre-filter drops events of a type no objective's filters can match
+    /// before any filter runs.
+    fn event_types(&self) -> Option<Vec<String>> {
+        None
+    }
     fn matches(&self, event: &Event<'_>) -> bool;
 }
 
@@ -113,17 +119,26 @@ pub trait Transform: Sized + 'static {
     fn transform(&self, record: &Record<'_>) -> Result<Vec<Envelope>, String>;
 }
 
-/// Exports a [`Filter`] implementation as a component of the `filter` world.
+/// Exports a [`Filter`] implementation as a component of the
+/// `scoped-filter` world (the `filter` world plus `filter-scope`).
 #[macro_export]
 macro_rules! export_filter {
     ($ty:ty) => {
         #[cfg(target_arch = "wasm32")]
         const _: () = {
+            use $crate::filter::exports::laurel::award::filter_scope as scope;
             use $crate::filter::exports::laurel::award::filters as api;
             pub struct Component;
             pub struct Instance($ty);
             impl api::Guest for Component {
                 type Filter = Instance;
+            }
+            impl scope::Guest for Component {
+                fn event_types(config: String) -> Option<Vec<String>> {
+                    <$ty as $crate::Filter>::from_config(&config)
+                        .ok()
+                        .and_then(|f| $crate::Filter::event_types(&f))
+                }
             }
             impl api::GuestFilter for Instance {
                 fn create(config: String) -> Result<api::Filter, String> {

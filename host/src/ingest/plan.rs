@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use tracing::warn;
 
 use super::Verdict;
-use crate::definitions::{AwardDefinition, ObjectiveDefinition, sources_of};
+use crate::definitions::{AwardDefinition, ObjectiveDefinition, event_types_of, sources_of};
 use crate::event::Envelope;
 use crate::registry::{Binding, BoundInstance, Registry};
 use crate::runtime::{Contribution, Event, FilterInstance, FunctionError, RuleInstance};
@@ -56,6 +56,10 @@ struct ObjectivePlan {
     rule: Bound<RuleInstance>,
     /// The sources its bound filters can match (None: any).
     sources: Option<BTreeSet<String>>,
+    /// The event types it can use (None: any): those every filter that
+    /// declares its types can match; any when a function is unbound (its
+    /// events are held, so none may be dropped).
+    event_types: Option<BTreeSet<String>>,
 }
 
 /// Which objectives an event is evaluated for.
@@ -132,6 +136,17 @@ impl Plan {
 
     pub fn objective_count(&self) -> usize {
         self.objectives.len()
+    }
+
+    /// The event types some objective of the plan can use (None: any type
+    /// may be). An event of another type is excluded by a filter of every
+    /// objective, so the pre-filter drops it without running one.
+    pub fn event_types(&self) -> Option<BTreeSet<String>> {
+        let mut all = BTreeSet::new();
+        for objective in &self.objectives {
+            all.extend(objective.event_types.as_ref()?.iter().cloned());
+        }
+        Some(all)
     }
 
     /// Each objective's sources (None: any), in plan order.
@@ -275,12 +290,19 @@ impl ObjectivePlan {
                 .bind_rule(&objective.rule.name, &objective.rule.config_text())
                 .map_err(|error| where_(&error)),
         };
+        let all_bound = rule.broken().is_none() && filters.iter().all(|f| f.broken().is_none());
+        let event_types = if all_bound {
+            event_types_of(filters.iter_mut().filter_map(Bound::ready))
+        } else {
+            None
+        };
         ObjectivePlan {
             award_id: award.id.clone(),
             objective_id: objective.id.clone(),
             filters,
             rule,
             sources,
+            event_types,
         }
     }
 

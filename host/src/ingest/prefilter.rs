@@ -6,8 +6,10 @@
 //! - **Kept, derived:** the objectives that can see the pipeline's source
 //!   (their filters' declared sources) run each event through their filters
 //!   and rule, as ingest would; an event every objective excludes or
-//!   ignores is dropped. The objectives follow award and function changes
-//!   without a restart.
+//!   ignores is dropped. Before that, cheaply, an event of a type no
+//!   objective can use (as its filters declare their event types) is
+//!   dropped without a check or a filter call. The objectives follow award
+//!   and function changes without a restart.
 //! - **No loss:** a batch's offsets are committed only after its kept
 //!   events and its dead letters are acknowledged by the broker; a batch
 //!   that fails is read again. A record's events carry ids derived from its
@@ -405,9 +407,20 @@ impl PipelineConsumer {
         }
         let topic = self.pipeline.input_topic.clone();
         let answers = self.transform_all(&topic, &records)?;
+        // First, cheaply: types no objective's filters can match (as the
+        // filters declare them) are dropped before any check or filter.
+        let types = self.plan().event_types();
+        let mut dropped = 0;
         for (position, answer) in positions.iter().zip(answers) {
             fates[*position] = Some(match answer {
-                Ok(events) => self.checked(events),
+                Ok(mut events) => {
+                    if let Some(types) = &types {
+                        let before = events.len();
+                        events.retain(|event| types.contains(&event.event_type));
+                        dropped += before - events.len();
+                    }
+                    self.checked(events)
+                }
                 Err(reason) => Fate::Dead(reason),
             });
         }
@@ -445,7 +458,7 @@ impl PipelineConsumer {
             .zip(&keep)
             .filter_map(|(candidate, keep)| keep.then_some(candidate))
             .collect();
-        let dropped = candidates.len() - kept.len();
+        dropped += candidates.len() - kept.len();
 
         // Everything acknowledged before anything is committed.
         let sends = kept.iter().map(|(_, envelope, json)| {

@@ -37,6 +37,8 @@ pub use filter::laurel::award::types::{Contribution, Counter, ObjectiveState, Pr
 
 /// Export names by which a component's kind is recognised.
 pub const FILTER_EXPORT: &str = "laurel:award/filters@0.1.0";
+/// Optional beside [`FILTER_EXPORT`]: the event types a filter can match.
+pub const FILTER_SCOPE_EXPORT: &str = "laurel:award/filter-scope@0.1.0";
 pub const RULE_EXPORT: &str = "laurel:award/rules@0.1.0";
 pub const STRATEGY_EXPORT: &str = "laurel:award/strategies@0.1.0";
 pub const TRANSFORM_EXPORT: &str = "laurel:award/transforms@0.1.0";

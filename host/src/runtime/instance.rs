@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use wasmtime::Store;
-use wasmtime::component::ResourceAny;
+use wasmtime::component::{ResourceAny, TypedFunc};
 
 use crate::metrics;
 
@@ -27,12 +27,42 @@ trait World: Sized + Send + Sync {
     ) -> wasmtime::Result<Result<ResourceAny, String>>;
 }
 
-impl World for bindings::filter::Filter {
+/// `filter-scope`'s `event-types: func(config: string) -> option<list<string>>`.
+type EventTypes = TypedFunc<(String,), (Option<Vec<String>>,)>;
+
+/// A filter's bindings, and its `filter-scope` export if it has one (a
+/// filter built before `filter-scope` existed does not).
+struct FilterWorld {
+    bindings: bindings::filter::Filter,
+    event_types: Option<EventTypes>,
+}
+
+impl World for FilterWorld {
     fn instantiate(pre: &Pre, store: &mut Store<GuestState>) -> wasmtime::Result<Self> {
-        match pre {
-            Pre::Filter(pre) => pre.instantiate(store),
-            _ => unreachable!("a filter instance is only made from a filter"),
-        }
+        let Pre::Filter(pre) = pre else {
+            unreachable!("a filter instance is only made from a filter")
+        };
+        let instance = pre.instance_pre().instantiate(&mut *store)?;
+        let bindings = bindings::filter::Filter::new(&mut *store, &instance)?;
+        let event_types =
+            match instance.get_export_index(&mut *store, None, bindings::FILTER_SCOPE_EXPORT) {
+                None => None,
+                Some(scope) => {
+                    let function = instance
+                        .get_export_index(&mut *store, Some(&scope), "event-types")
+                        .ok_or_else(|| {
+                            wasmtime::format_err!(
+                                "{} has no function event-types",
+                                bindings::FILTER_SCOPE_EXPORT
+                            )
+                        })?;
+                    Some(instance.get_typed_func(&mut *store, function)?)
+                }
+            };
+        Ok(FilterWorld {
+            bindings,
+            event_types,
+        })
     }
 
     fn create(
@@ -40,7 +70,8 @@ impl World for bindings::filter::Filter {
         store: &mut Store<GuestState>,
         config: &str,
     ) -> wasmtime::Result<Result<ResourceAny, String>> {
-        self.laurel_award_filters()
+        self.bindings
+            .laurel_award_filters()
             .filter()
             .call_create(store, config)
     }
@@ -362,22 +393,33 @@ fn truncate(mut text: String, max: usize) -> String {
 
 /// A filter created from one config.
 pub struct FilterInstance {
-    slot: Slot<bindings::filter::Filter>,
+    slot: Slot<FilterWorld>,
     sources: Option<Vec<String>>,
+    event_types: Option<Vec<String>>,
 }
 
 impl FilterInstance {
     /// Instantiates `function` and creates the filter from `config`; a
     /// config the function rejects is [`FunctionError::Config`].
     pub fn new(function: Arc<Function>, config: &str) -> Result<FilterInstance, FunctionError> {
-        let mut slot: Slot<bindings::filter::Filter> = Slot::new(function, config)?;
+        let mut slot: Slot<FilterWorld> = Slot::new(function, config)?;
         let sources = slot.run(|world, store, resource| {
             world
+                .bindings
                 .laurel_award_filters()
                 .filter()
                 .call_sources(store, resource)
         })?;
-        Ok(FilterInstance { slot, sources })
+        let config = slot.config.clone();
+        let event_types = slot.run(move |world, store, _| match &world.event_types {
+            Some(event_types) => event_types.call(store, (config,)).map(|(types,)| types),
+            None => Ok(None),
+        })?;
+        Ok(FilterInstance {
+            slot,
+            sources,
+            event_types,
+        })
     }
 
     pub fn function(&self) -> &Arc<Function> {
@@ -389,6 +431,12 @@ impl FilterInstance {
         self.sources.as_deref()
     }
 
+    /// The event types this filter can match (`None`: any, or the filter
+    /// does not say).
+    pub fn event_types(&self) -> Option<&[String]> {
+        self.event_types.as_deref()
+    }
+
     /// One answer per event.
     pub fn matches<'a>(
         &mut self,
@@ -397,6 +445,7 @@ impl FilterInstance {
         let (batch, count) = self.slot.pack(events)?;
         let answers = self.slot.run(|world, store, resource| {
             world
+                .bindings
                 .laurel_award_filters()
                 .filter()
                 .call_matches(store, resource, &batch)

@@ -22,6 +22,10 @@ impl Filter for EventTypeFilter {
         Ok(EventTypeFilter { types })
     }
 
+    fn event_types(&self) -> Option<Vec<String>> {
+        Some(self.types.clone())
+    }
+
     fn matches(&self, event: &Event<'_>) -> bool {
         self.types.iter().any(|t| t == event.type_)
     }

@@ -4,7 +4,7 @@
 //! - `panic`: panics (a trap),
 //! - `loop`: never returns (CPU budget),
 //! - `flood`: 5,000 events from one record (output limit),
-//! - `bad-time`: an event whose `occurred_at` is not a time,
+//! - `bad-time`: a trip whose `occurred_at` is not a time,
 //! - anything else, `USER TYPE`: one event of that user and type
 //!   (authorized, occurred at the record's timestamp or the epoch).
 
@@ -44,7 +44,7 @@ impl Transform for HostileTransform {
             "flood" => Ok((0..5000).map(|n| event(record, n, "u-1", "x")).collect()),
             "bad-time" => Ok(vec![Envelope {
                 occurred_at: "yesterday".into(),
-                ..event(record, 0, "u-1", "x")
+                ..event(record, 0, "u-1", "navi.trip_finished")
             }]),
             other => {
                 let (user, event_type) = other

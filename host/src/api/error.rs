@@ -8,6 +8,7 @@ use serde::Serialize;
 use tracing::error;
 
 use crate::definitions::DefinitionError;
+use crate::pipelines::PipelineProblem;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -59,19 +60,27 @@ pub struct ErrorBody {
     pub problems: Vec<Problem>,
 }
 
-/// One thing wrong with an award definition, as data and in words.
+/// One thing wrong with a refused definition, as data and in words.
 #[derive(Debug, Serialize)]
-pub struct Problem {
-    pub award: String,
-    pub objective: Option<String>,
-    pub function: Option<String>,
-    pub reason: String,
-    pub message: String,
+#[serde(untagged)]
+pub enum Problem {
+    Award {
+        award: String,
+        objective: Option<String>,
+        function: Option<String>,
+        reason: String,
+        message: String,
+    },
+    Pipeline {
+        pipeline: String,
+        reason: String,
+        message: String,
+    },
 }
 
 impl From<&DefinitionError> for Problem {
     fn from(problem: &DefinitionError) -> Problem {
-        Problem {
+        Problem::Award {
             award: problem.award.clone(),
             objective: problem.objective.clone(),
             function: problem.function.clone(),
@@ -81,9 +90,27 @@ impl From<&DefinitionError> for Problem {
     }
 }
 
+impl From<&PipelineProblem> for Problem {
+    fn from(problem: &PipelineProblem) -> Problem {
+        Problem::Pipeline {
+            pipeline: problem.pipeline.clone(),
+            reason: problem.reason.clone(),
+            message: problem.to_string(),
+        }
+    }
+}
+
 impl ApiError {
     /// A refusal naming each problem with a definition.
     pub fn refused(message: impl Into<String>, problems: &[DefinitionError]) -> ApiError {
+        ApiError::Unprocessable {
+            message: message.into(),
+            problems: problems.iter().map(Problem::from).collect(),
+        }
+    }
+
+    /// A refusal naming each problem with a pipeline definition.
+    pub fn refused_pipeline(message: impl Into<String>, problems: &[PipelineProblem]) -> ApiError {
         ApiError::Unprocessable {
             message: message.into(),
             problems: problems.iter().map(Problem::from).collect(),

@@ -219,6 +219,28 @@ async fn answers_match_the_documented_bodies_both_ways() {
     let hook = json!({"url": "https://example.com/hook", "events": ["award.completed"]});
     c.admin("PUT", "/webhooks/{name}", "/webhooks/shop", Some(hook))
         .await;
+    let navigator = json!({"input_topic": "raw.openapi", "source": "openapi-trips",
+        "transform": {"name": "JsonTransform", "config": {"fields": {
+            "user_id": "/user", "type": "/event", "authorized": {"const": true},
+            "occurred_at": "/ts", "payload": {"distance_m": "/distance"}}}}});
+    let applied = c
+        .admin(
+            "PUT",
+            "/pipelines/{name}",
+            "/pipelines/navigator",
+            Some(navigator),
+        )
+        .await;
+    assert_eq!(applied.body["version"], 1, "{}", applied.body);
+    for verb in ["pause", "resume"] {
+        c.admin(
+            "POST",
+            &format!("/pipelines/{{name}}/{verb}"),
+            &format!("/pipelines/navigator/{verb}"),
+            None,
+        )
+        .await;
+    }
     let award = c.server.admin("GET", "/awards/content-maker", None).await;
     c.admin(
         "PUT",
@@ -312,6 +334,8 @@ async fn answers_match_the_documented_bodies_both_ways() {
     )
     .await;
     let reads = [
+        ("/pipelines", "/pipelines"),
+        ("/pipelines/{name}", "/pipelines/navigator"),
         ("/awards", "/awards"),
         ("/awards/{id}", "/awards/content-maker"),
         ("/functions", "/functions"),
@@ -386,6 +410,21 @@ async fn answers_match_the_documented_bodies_both_ways() {
     );
     c.found
         .extend(problems(&refused.body, &error, &c.document, "422"));
+    let broken =
+        json!({"input_topic": "events.x", "source": "s", "transform": {"name": "NoSuchTransform"}});
+    let refused = c
+        .server
+        .admin("PUT", "/pipelines/broken", Some(broken))
+        .await;
+    assert_eq!(refused.status, 422, "{}", refused.body);
+    assert_eq!(
+        refused.body["problems"].as_array().map(Vec::len),
+        Some(2),
+        "{}",
+        refused.body
+    );
+    c.found
+        .extend(problems(&refused.body, &error, &c.document, "422 pipeline"));
     assert!(c.found.is_empty(), "{}", c.found.join("\n"));
 
     let unchecked: Vec<_> = documented_answers(&c.document)

@@ -1,10 +1,12 @@
 //! The admin API (`/admin/v1`): award definitions, functions, users'
-//! awards and processing logs, sources, proxy pools and webhooks. Each
+//! awards and processing logs, sources, pre-filter pipelines, proxy pools
+//! and webhooks. Each
 //! concern's routes live in their own file and answer typed bodies, each
 //! documented in `openapi.json` (a test holds them to it both ways).
 
 mod awards;
 mod functions;
+mod pipelines;
 mod proxies;
 mod sources;
 mod users;
@@ -59,6 +61,15 @@ pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
         )
         .route("/proxy-pools/{pool}/candidates", put(proxies::candidates))
         .route("/proxy-pools/{pool}/allocate", post(proxies::allocate))
+        .route("/pipelines", get(pipelines::list))
+        .route(
+            "/pipelines/{name}",
+            get(pipelines::get)
+                .put(pipelines::put)
+                .delete(pipelines::delete),
+        )
+        .route("/pipelines/{name}/pause", post(pipelines::pause))
+        .route("/pipelines/{name}/resume", post(pipelines::resume))
         .route("/audit", get(audit))
         .route("/webhooks", get(webhooks::list))
         .route(

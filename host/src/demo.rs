@@ -117,6 +117,20 @@ pub const AWARDS: &str = concat!(
     "]"
 );
 
+/// The demo's pre-filter pipeline: navigator logs (`key=value` lines) on
+/// `raw.navigator` into `bss` events.
+pub const PIPELINE: &str = include_str!("../demo/navigator-pipeline.json");
+pub const RAW_TOPIC: &str = "raw.navigator";
+
+/// Navigator log lines for u-42: a finished trip (the only one an award
+/// counts), two events no award needs, and one without a user.
+const RAW_LINES: [&str; 4] = [
+    "ts=1764583260 uid=u-42 event=navi.route_built dist=5600",
+    "ts=1764583800 uid=u-42 event=navi.trip_finished dist=5500",
+    "ts=1764583810 uid=u-42 event=navi.app_closed",
+    "ts=1764583900 event=navi.trip_finished dist=700",
+];
+
 const DEMO_USER: &str = "u-42";
 
 fn demo_event(
@@ -229,16 +243,6 @@ pub async fn publish_and_show(brokers: &str, database_url: &str) -> anyhow::Resu
         ),
         (
             "bss",
-            demo_event(
-                9,
-                "bss",
-                "navi.trip_finished",
-                None,
-                json!({"distance_m": 5500}),
-            ),
-        ),
-        (
-            "bss",
             demo_event(10, "bss", "card.opened", None, json!({"card": "firm-17"})),
         ),
     ];
@@ -253,20 +257,52 @@ pub async fn publish_and_show(brokers: &str, database_url: &str) -> anyhow::Resu
         )
         .await?;
     }
+    for line in RAW_LINES {
+        crate::ingest::publish(
+            &producer,
+            RAW_TOPIC,
+            Some(DEMO_USER.as_bytes()),
+            line.as_bytes(),
+            &[],
+        )
+        .await?;
+    }
     println!(
-        "Demo: published {} events for {DEMO_USER} (photos, reviews, bss).",
-        events.len()
+        "Demo: published {} events for {DEMO_USER} (photos, reviews, bss) and {} navigator log lines to {RAW_TOPIC}.",
+        events.len(),
+        RAW_LINES.len()
     );
+    let outcome = |outcome| {
+        crate::metrics::count(
+            crate::metrics::PREFILTER_EVENTS,
+            &[("pipeline", "navigator"), ("outcome", outcome)],
+        )
+    };
+    // The pipeline's consumer joins its group first (seconds on the local
+    // broker); its trip reaches the counters after that.
+    for _ in 0..120 {
+        if outcome("kept") + outcome("dropped") >= 3 && outcome("dead") >= 1 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
     let store = crate::store::Store::connect(database_url).await?;
     let mut last = None;
     for _ in 0..60 {
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
         let counters = store.user_counters(DEMO_USER).await?;
-        if last.as_ref() == Some(&counters) && !counters.is_empty() {
+        let trip_counted = counters.keys().any(|(_, objective)| objective == "navi");
+        if last.as_ref() == Some(&counters) && trip_counted {
             break;
         }
         last = Some(counters);
     }
+    println!(
+        "Demo: pipeline navigator kept {} of its events for awards, dropped {} no award needs, dead-lettered {} record to {RAW_TOPIC}.dead.",
+        outcome("kept"),
+        outcome("dropped"),
+        outcome("dead")
+    );
     println!("Demo: {DEMO_USER}'s objective counters:");
     for ((award, objective), counters) in last.unwrap_or_default() {
         println!(

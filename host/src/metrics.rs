@@ -192,6 +192,14 @@ pub fn add(name: &'static str, pairs: &[(&'static str, &str)], by: u64) {
     }
 }
 
+/// The counter `name` with `pairs` as labels, as this process has it.
+pub fn count(name: &'static str, pairs: &[(&'static str, &str)]) -> u64 {
+    METRICS
+        .counters
+        .get(name)
+        .map_or(0, |family| family.get_or_create(&labels(pairs)).get())
+}
+
 /// Records one observation of the histogram `name`.
 pub fn observe(name: &'static str, pairs: &[(&'static str, &str)], took: Duration) {
     match METRICS.histograms.get(name) {

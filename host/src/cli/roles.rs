@@ -19,7 +19,7 @@ use crate::registry::Registry;
 use crate::runtime::Runtime;
 use crate::settings::{Connections, Serving};
 use crate::store::Store;
-use crate::{awards, definitions, demo, ingest, library, notify};
+use crate::{awards, definitions, demo, ingest, library, notify, pipelines};
 
 /// What a process runs: `laurel serve --roles` names them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
@@ -112,6 +112,12 @@ pub(super) async fn up(
         for (id, version) in applied {
             println!("Demo award {id} v{version} applied.");
         }
+        for (name, version) in pipelines::apply(&mut store, &registry, demo::PIPELINE).await? {
+            println!(
+                "Demo pipeline {name} v{version} applied: {} -> events.bss, only what an award needs.",
+                demo::RAW_TOPIC
+            );
+        }
         if let Some(broker) = &local_broker {
             create_source_topics(broker, &connections.database_url).await?;
         }
@@ -128,12 +134,17 @@ pub(super) async fn up(
 }
 
 /// Creates `events.<source>` and its dead-letter topic on the local broker
-/// for every registered source, so consumers find them at once.
+/// for every registered source, and each pipeline's raw topic and its
+/// dead-letter topic, so consumers find them at once.
 async fn create_source_topics(broker: &LocalBroker, database_url: &str) -> anyhow::Result<()> {
     let store = Store::connect(database_url).await?;
     for source in store.sources().await? {
         broker.create_topic(&source.topic, 4)?;
         broker.create_topic(&format!("events.{}.dead", source.name), 1)?;
+    }
+    for pipeline in store.pipelines().await? {
+        broker.create_topic(&pipeline.input_topic, 4)?;
+        broker.create_topic(&ingest::prefilter::dead_topic(&pipeline.input_topic), 1)?;
     }
     Ok(())
 }

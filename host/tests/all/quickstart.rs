@@ -58,7 +58,9 @@ async fn laurel_up_demo_prints_what_the_readme_shows_and_keeps_running() {
     for expected in [
         "Laurel is up. Functions loaded:",
         "Demo award content-maker v1 applied.",
-        "Demo: published 10 events for u-42 (photos, reviews, bss).",
+        "Demo pipeline navigator v1 applied: raw.navigator -> events.bss, only what an award needs.",
+        "Demo: published 9 events for u-42 (photos, reviews, bss) and 4 navigator log lines to raw.navigator.",
+        "Demo: pipeline navigator kept 1 of its events for awards, dropped 2 no award needs, dead-lettered 1 record to raw.navigator.dead.",
         "Demo: u-42's objective counters:\n  content-maker    navi     {\"metres\":5500}\n  content-maker    photo    {\"approved\":2,\"blocked\":1}\n  content-maker    reviews  {\"count\":1}\n  three-of-either  photos   {\"count\":2}\n  three-of-either  reviews  {\"count\":3}",
         "Demo: u-42's awards:\n  content-maker    progress 8.5 of 15\n  three-of-either  progress 3 of 3 (completed)",
     ] {

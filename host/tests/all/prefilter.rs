@@ -9,12 +9,13 @@ use std::time::Duration;
 use laurel::catalog::Catalog;
 use laurel::ingest;
 use laurel::registry::Registry;
+use laurel::runtime::{Event, FilterInstance, FunctionKind};
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::Message;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
-use crate::api::AWARDS;
+use crate::api::{AWARDS, Server};
 use crate::pipeline_support::{Pipeline, dead_letter_messages, settings};
 use crate::support;
 
@@ -466,6 +467,335 @@ async fn a_failing_transform_costs_its_records_and_its_pipeline_only() {
             .is_some_and(|r| r.contains("consecutive failures")),
         "{quarantined:?}"
     );
+    prefilter.stop().await;
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipeline_managed_over_http_runs_pauses_and_stops() {
+    let p = Pipeline::start(AWARDS, &["bss"]).await;
+    p.broker.create_topic("raw.kv", 1).unwrap();
+    let prefilter = Prefilter::start(&p).await;
+    let server = Server::start(
+        &p.db.url,
+        p.registry.clone(),
+        Some(p.broker.bootstrap_servers()),
+    )
+    .await;
+    let mut definition: Value = serde_json::from_str(KV_PIPELINE).unwrap();
+    definition.as_object_mut().unwrap().remove("name");
+    for _ in 0..2 {
+        let applied = server
+            .admin("PUT", "/pipelines/navi-kv", Some(definition.clone()))
+            .await;
+        assert_eq!(
+            (applied.status, applied.body.clone()),
+            (200, json!({"name": "navi-kv", "version": 1})),
+            "the same definition again keeps its version"
+        );
+    }
+    let stored = server.admin("GET", "/pipelines/navi-kv", None).await;
+    assert_eq!(stored.body["state"], "running", "{}", stored.body);
+    assert_eq!(stored.body["transform"]["name"], "KeyValueTransform");
+    assert_eq!(stored.body["source"], "bss");
+    let trip = |n: u32| format!("ts=1764583200 uid=u-1 event=navi.trip_finished dist={n}");
+    send(&p, "raw.kv", &[&trip(1)]).await;
+    assert_eq!(produced(&p, 1, FIVE_MINUTES).await.len(), 1);
+
+    // Paused: read no further (within a second); resumed: it goes on.
+    let paused = server.admin("POST", "/pipelines/navi-kv/pause", None).await;
+    assert_eq!(paused.body, json!({"name": "navi-kv", "paused": true}));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    send(&p, "raw.kv", &[&trip(2)]).await;
+    assert_eq!(
+        produced(&p, 2, Duration::from_secs(6)).await.len(),
+        1,
+        "a paused pipeline produced"
+    );
+    let listed = server.admin("GET", "/pipelines", None).await;
+    assert_eq!(listed.body["pipelines"][0]["state"], "paused");
+    server
+        .admin("POST", "/pipelines/navi-kv/resume", None)
+        .await;
+    assert_eq!(produced(&p, 2, FIVE_MINUTES).await.len(), 2);
+
+    // Refused whole, every problem named; nothing stored.
+    let bad = json!({"input_topic": "events.bss", "source": "no spaces",
+        "transform": {"name": "CountRule"}});
+    let refused = server.admin("PUT", "/pipelines/other", Some(bad)).await;
+    assert_eq!(refused.status, 422, "{}", refused.body);
+    let reasons: Vec<&str> = refused.body["problems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["reason"].as_str().unwrap())
+        .collect();
+    assert_eq!(reasons.len(), 3, "{reasons:?}");
+    assert!(reasons[0].contains("one Laurel writes"), "{reasons:?}");
+    assert!(reasons[1].contains("not a source name"), "{reasons:?}");
+    assert!(reasons[2].contains("transform CountRule"), "{reasons:?}");
+    let renamed = server
+        .admin("PUT", "/pipelines/other", Some(json!({"name": "navi-kv"})))
+        .await;
+    assert_eq!(renamed.status, 422);
+    assert!(
+        renamed.body["error"]
+            .as_str()
+            .unwrap()
+            .contains("differs from the name in the path"),
+        "{}",
+        renamed.body
+    );
+    assert_eq!(
+        server.admin("GET", "/pipelines/other", None).await.status,
+        404
+    );
+
+    // Deleted: its consumer stops; a second delete finds nothing.
+    assert_eq!(
+        server
+            .admin("DELETE", "/pipelines/navi-kv", None)
+            .await
+            .status,
+        204
+    );
+    assert_eq!(
+        server
+            .admin("DELETE", "/pipelines/navi-kv", None)
+            .await
+            .status,
+        404
+    );
+    send(&p, "raw.kv", &[&trip(3)]).await;
+    assert_eq!(
+        produced(&p, 3, Duration::from_secs(6)).await.len(),
+        2,
+        "a deleted pipeline produced"
+    );
+    drop(server);
+    prefilter.stop().await;
+    p.stop().await;
+}
+
+fn spawn_prefilter_and_ingest(
+    db: &support::TestDb,
+    brokers: &str,
+    cache: &std::path::Path,
+) -> std::process::Child {
+    std::process::Command::new(env!("CARGO_BIN_EXE_laurel"))
+        .args(["serve", "--roles", "prefilter,ingest"])
+        .env("LAUREL_DATABASE_URL", &db.url)
+        .env("LAUREL_KAFKA_BROKERS", brokers)
+        .env("LAUREL_KAFKA_SESSION_TIMEOUT_MS", "3000")
+        .env("LAUREL_CACHE_DIR", cache)
+        .env("LAUREL_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("laurel serve starts")
+}
+
+/// Each user's metres on content-maker, as the database has them.
+async fn metres(db: &support::TestDb) -> BTreeMap<String, i64> {
+    db.sql()
+        .await
+        .query(
+            "SELECT user_id, (counters->>'metres')::bigint FROM user_objective
+             WHERE award_id = 'content-maker' AND objective_id = 'navi'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_with_sigkill_at_random_moments_every_trip_counts_once() {
+    let db = support::TestDb::new().await;
+    let mut store = db.store().await;
+    let runtime = support::runtime();
+    laurel::library::register(&mut store, &runtime)
+        .await
+        .unwrap();
+    let registry = Registry::start(&db.url, runtime).await.unwrap();
+    laurel::definitions::apply(&mut store, &registry, AWARDS)
+        .await
+        .unwrap();
+    let json_pipeline = serde_json::from_str::<Value>(PIPELINES).unwrap()[0].to_string();
+    laurel::pipelines::apply(&mut store, &registry, &json_pipeline)
+        .await
+        .unwrap();
+    // The broker in its own process: it outlives every kill.
+    let broker = crate::processes::Broker::start_on(None);
+    let brokers = broker.bootstrap().to_string();
+    let producer = ingest::producer(&brokers).unwrap();
+    let mut expected: BTreeMap<String, i64> = BTreeMap::new();
+    let records: Vec<String> = (0..30_000)
+        .map(|n| {
+            let user = format!("u-{}", n % 40);
+            let kind = kind(n);
+            if kind == Kind::Trip {
+                *expected.entry(user.clone()).or_default() += (100 + n % 900) as i64;
+            }
+            record("json", n, &user, kind)
+        })
+        .collect();
+    for chunk in records.chunks(1000) {
+        let sends = chunk
+            .iter()
+            .map(|value| ingest::publish(&producer, "raw.json", Some(b"k"), value.as_bytes(), &[]));
+        for result in futures_util::future::join_all(sends).await {
+            result.unwrap();
+        }
+    }
+
+    let cache = std::env::temp_dir().join(format!("laurel-prefilter-kill-{}", std::process::id()));
+    let mut rng = crate::processes::Rng(0x7e1e_c0de);
+    let mut kills = 0;
+    let mut child = spawn_prefilter_and_ingest(&db, &brokers, &cache);
+    for _ in 0..6 {
+        tokio::time::sleep(Duration::from_millis(1500 + rng.below(3000))).await;
+        if metres(&db).await == expected {
+            break;
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+        kills += 1;
+        child = spawn_prefilter_and_ingest(&db, &brokers, &cache);
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
+    let mut counted = metres(&db).await;
+    while counted != expected && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        counted = metres(&db).await;
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(
+        kills >= 2,
+        "the test must kill the pre-filter mid-stream (killed {kills} times)"
+    );
+    assert_eq!(counted, expected, "after {kills} kills");
+    drop(broker);
+    let _ = std::fs::remove_dir_all(&cache);
+    db.drop_database().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn filters_declare_event_types_and_other_types_are_dropped_first() {
+    // What a filter declares: EventTypeFilter its types; a filter built
+    // against the plain `filter` world (before `filter-scope`) nothing,
+    // and it still loads and runs.
+    let runtime = support::runtime();
+    let builtin = laurel::library::builtin("EventTypeFilter").unwrap();
+    let function = runtime
+        .load("EventTypeFilter", 1, builtin.bytes, Some(builtin.kind))
+        .unwrap();
+    let types = FilterInstance::new(function, r#"{"types": ["b.x", "a.y"]}"#).unwrap();
+    assert_eq!(
+        types.event_types(),
+        Some(&["b.x".to_string(), "a.y".to_string()][..])
+    );
+    let plain = runtime
+        .load(
+            "PlainFilter",
+            1,
+            &support::guest_bytes("plain_filter"),
+            Some(FunctionKind::Filter),
+        )
+        .unwrap();
+    let mut plain = FilterInstance::new(plain, "{}").unwrap();
+    assert_eq!(plain.event_types(), None);
+    assert_eq!(plain.sources(), None);
+    let event = Event {
+        id: "e".into(),
+        source: "bss".into(),
+        type_: "t".into(),
+        user_id: "u".into(),
+        content_id: None,
+        status: None,
+        occurred_at_ms: 0,
+        payload: Vec::new(),
+    };
+    assert_eq!(plain.matches([&event, &event]).unwrap(), [true, true]);
+
+    // The derived rule: the types some objective of the source can use.
+    let p = Pipeline::start(AWARDS, &["bss"]).await;
+    let awards = || Catalog::start(&p.db.url);
+    let catalog = awards().await.unwrap();
+    let plan = ingest::Plan::build("bss", &catalog.awards(), &p.registry);
+    assert_eq!(
+        plan.event_types(),
+        Some(BTreeSet::from([
+            "navi.trip_finished".to_string(),
+            "test.marker".to_string()
+        ]))
+    );
+
+    // Dropped before any check: a route with a user id over the limit is
+    // no award's business; a trip with one is dead-lettered.
+    p.broker.create_topic("raw.kv", 1).unwrap();
+    let mut store = p.db.store().await;
+    laurel::pipelines::apply(&mut store, &p.registry, KV_PIPELINE)
+        .await
+        .unwrap();
+    let prefilter = Prefilter::start(&p).await;
+    let long = "u".repeat(600);
+    send(
+        &p,
+        "raw.kv",
+        &[
+            &format!("ts=1764583200 uid={long} event=navi.route_built dist=1"),
+            &format!("ts=1764583200 uid={long} event=navi.trip_finished dist=2"),
+            "ts=1764583201 uid=u-1 event=navi.trip_finished dist=3",
+        ],
+    )
+    .await;
+    assert_eq!(
+        produced(&p, 1, FIVE_MINUTES).await,
+        [("raw.kv/0/2".to_string(), "navi.trip_finished".to_string())]
+    );
+    let dead = dead_letter_messages(p.broker.bootstrap_servers(), "raw.kv.dead", 1).await;
+    assert!(dead[0].1.contains("user_id"), "{dead:?}");
+    assert_eq!(
+        drain(
+            p.broker.bootstrap_servers(),
+            "raw.kv.dead",
+            2,
+            Duration::from_secs(5),
+            Duration::from_secs(1)
+        )
+        .await
+        .len(),
+        1,
+        "only the trip is dead-lettered"
+    );
+
+    // A filter that declares nothing makes its objective take any type.
+    laurel::registry::push(
+        &mut store,
+        &support::runtime(),
+        "PlainFilter",
+        &support::guest_bytes("plain_filter"),
+        Some(FunctionKind::Filter),
+    )
+    .await
+    .unwrap();
+    let any = r#"{"id": "anything", "title": "Anything",
+      "objectives": [{"id": "all",
+        "filters": [{"name": "SourceFilter", "config": {"sources": ["bss"]}},
+                    {"name": "PlainFilter", "config": {}}],
+        "rule": {"name": "CountRule", "config": {"counter": "n"}}, "progress_counter": "n"}],
+      "strategy": {"goal": 3, "strategy": [{"objective_id": "all"}]}}"#;
+    laurel::definitions::apply(&mut store, &p.registry, any)
+        .await
+        .unwrap();
+    p.registry.sync_now(&store).await.unwrap();
+    let catalog = awards().await.unwrap();
+    let plan = ingest::Plan::build("bss", &catalog.awards(), &p.registry);
+    assert_eq!(plan.event_types(), None);
     prefilter.stop().await;
     p.stop().await;
 }

@@ -213,6 +213,11 @@ impl Broker {
         Broker::try_start_on(port).expect("laurel dev kafka prints its address")
     }
 
+    /// Its bootstrap address.
+    pub fn bootstrap(&self) -> &str {
+        &self.bootstrap
+    }
+
     /// None if it stopped without serving (its port was taken).
     pub fn try_start_on(port: Option<u16>) -> Option<Broker> {
         let mut args = vec!["dev".to_string(), "kafka".to_string()];

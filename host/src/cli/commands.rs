@@ -456,6 +456,42 @@ pub(super) async fn pipelines(
             );
             println!("pipeline {name} resumed");
         }
+        PipelinesCommand::Replay {
+            name,
+            kafka_brokers,
+        } => {
+            let store = store(connections).await?;
+            let pipeline = store
+                .pipelines()
+                .await?
+                .into_iter()
+                .find(|p| p.name == name)
+                .ok_or_else(|| anyhow::anyhow!("no pipeline named {name}"))?;
+            let report = crate::ingest::prefilter::replay(
+                &kafka_brokers,
+                crate::ingest::GROUP_PREFIX,
+                &pipeline,
+            )
+            .await?;
+            println!(
+                "replayed {} dead letters of pipeline {name} from {} to {}",
+                report.replayed, report.dead_topic, pipeline.input_topic
+            );
+            if report.other_pipelines > 0 {
+                println!(
+                    "  {} dead letters of other pipelines of {} left alone",
+                    report.other_pipelines, pipeline.input_topic
+                );
+            }
+            if !report.without_value.is_empty() {
+                println!(
+                    "  {} could not be replayed: their value was over the size limit (at partition/offset {} of {})",
+                    report.without_value.len(),
+                    report.without_value.join(", "),
+                    pipeline.input_topic
+                );
+            }
+        }
     }
     Ok(())
 }

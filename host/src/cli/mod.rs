@@ -312,6 +312,18 @@ enum PipelinesCommand {
         /// The pipeline.
         name: String,
     },
+    /// Put the pipeline's dead letters (on `<input_topic>.dead`) back on
+    /// its input topic, once its transform or the data is fixed: each at
+    /// its first position, so its events get the ids they would have had
+    /// (a record replayed twice counts once). Each replay takes what the
+    /// last one left.
+    Replay {
+        /// The pipeline.
+        name: String,
+        /// Kafka bootstrap servers.
+        #[arg(long, env = "LAUREL_KAFKA_BROKERS", value_name = "HOST:PORT,...")]
+        kafka_brokers: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]

@@ -270,6 +270,18 @@ pub async fn publish(
     payload: &[u8],
     headers: &[(&str, &str)],
 ) -> anyhow::Result<()> {
+    let headers: Vec<(&str, &[u8])> = headers.iter().map(|(k, v)| (*k, v.as_bytes())).collect();
+    publish_bytes(producer, topic, key, payload, &headers).await
+}
+
+/// As [`publish`], with header values of any bytes.
+pub async fn publish_bytes(
+    producer: &FutureProducer,
+    topic: &str,
+    key: Option<&[u8]>,
+    payload: &[u8],
+    headers: &[(&str, &[u8])],
+) -> anyhow::Result<()> {
     let mut owned = OwnedHeaders::new();
     for (name, value) in headers {
         owned = owned.insert(Header {
@@ -330,7 +342,7 @@ fn task(asking: &'static str) -> impl FnOnce(tokio::task::JoinError) -> BrokerEr
     }
 }
 
-fn partitions(
+pub(super) fn partitions(
     consumer: &BaseConsumer,
     topic: &str,
     timeout: Duration,

@@ -232,6 +232,13 @@ async fn answers_match_the_documented_bodies_both_ways() {
         )
         .await;
     assert_eq!(applied.body["version"], 1, "{}", applied.body);
+    c.admin(
+        "POST",
+        "/pipelines/{name}/dead-letters/replay",
+        "/pipelines/navigator/dead-letters/replay",
+        None,
+    )
+    .await;
     for verb in ["pause", "resume"] {
         c.admin(
             "POST",

@@ -799,3 +799,91 @@ async fn filters_declare_event_types_and_other_types_are_dropped_first() {
     prefilter.stop().await;
     p.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_replayed_after_a_fix_count_once_at_their_first_position() {
+    let mut p = Pipeline::start(AWARDS, &["bss"]).await;
+    p.broker.create_topic("raw.kv", 1).unwrap();
+    p.broker.create_topic("raw.kv.dead", 1).unwrap();
+    let mut store = p.db.store().await;
+    // A config naming the wrong key for the user: every record is dead.
+    let wrong = KV_PIPELINE.replace(r#""user_id": "uid""#, r#""user_id": "user""#);
+    laurel::pipelines::apply(&mut store, &p.registry, &wrong)
+        .await
+        .unwrap();
+    let prefilter = Prefilter::start(&p).await;
+    send(
+        &p,
+        "raw.kv",
+        &[
+            "ts=1764583200 uid=u-1 event=navi.trip_finished dist=7",
+            "ts=1764583201 uid=u-1 event=navi.route_built dist=8",
+            "ts=1764583202 uid=u-2 event=navi.trip_finished dist=9",
+        ],
+    )
+    .await;
+    let letters = dead_letter_messages(p.broker.bootstrap_servers(), "raw.kv.dead", 3).await;
+    assert!(
+        letters
+            .iter()
+            .all(|(_, reason, _)| reason.contains("user_id")),
+        "{letters:?}"
+    );
+
+    // Fixed, then replayed with the CLI, as an operator would.
+    let applied = laurel::pipelines::apply(&mut store, &p.registry, KV_PIPELINE)
+        .await
+        .unwrap();
+    assert_eq!(applied, [("navi-kv".to_string(), 2)]);
+    let (url, brokers) = (p.db.url.clone(), p.broker.bootstrap_servers().to_string());
+    let replay = || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_laurel"))
+            .args(["pipelines", "replay", "navi-kv"])
+            .env("LAUREL_DATABASE_URL", &url)
+            .env("LAUREL_KAFKA_BROKERS", &brokers)
+            .env("LAUREL_LOG", "warn")
+            .output()
+            .unwrap()
+    };
+    let first = replay();
+    let said = String::from_utf8_lossy(&first.stdout);
+    assert!(first.status.success(), "{said}");
+    assert_eq!(
+        said.trim(),
+        "replayed 3 dead letters of pipeline navi-kv from raw.kv.dead to raw.kv"
+    );
+    // Each event has the id of the record's first position.
+    let kept = produced(&p, 2, FIVE_MINUTES).await;
+    let ids: BTreeSet<&str> = kept.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(
+        ids,
+        BTreeSet::from(["raw.kv/0/0", "raw.kv/0/2"]),
+        "{kept:?}"
+    );
+    for (user, metres) in [("u-1", 7), ("u-2", 9)] {
+        p.settle("bss", user).await;
+        let counters = p.objective(user, "content-maker", "navi").await;
+        assert_eq!(counters.get("metres"), Some(&metres), "{user}");
+    }
+
+    // A second replay finds nothing new; a replay of no pipeline is refused.
+    let again = replay();
+    assert_eq!(
+        String::from_utf8_lossy(&again.stdout).trim(),
+        "replayed 0 dead letters of pipeline navi-kv from raw.kv.dead to raw.kv"
+    );
+    let none = std::process::Command::new(env!("CARGO_BIN_EXE_laurel"))
+        .args(["pipelines", "replay", "nope"])
+        .env("LAUREL_DATABASE_URL", &p.db.url)
+        .env("LAUREL_KAFKA_BROKERS", p.broker.bootstrap_servers())
+        .output()
+        .unwrap();
+    assert!(!none.status.success());
+    assert!(
+        String::from_utf8_lossy(&none.stderr).contains("no pipeline named nope"),
+        "{}",
+        String::from_utf8_lossy(&none.stderr)
+    );
+    prefilter.stop().await;
+    p.stop().await;
+}

@@ -70,6 +70,10 @@ pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
         )
         .route("/pipelines/{name}/pause", post(pipelines::pause))
         .route("/pipelines/{name}/resume", post(pipelines::resume))
+        .route(
+            "/pipelines/{name}/dead-letters/replay",
+            post(pipelines::replay),
+        )
         .route("/audit", get(audit))
         .route("/webhooks", get(webhooks::list))
         .route(

@@ -1,6 +1,6 @@
 //! The pre-filter's pipelines: list, read, apply (checked whole first),
-//! delete, pause and resume. The pre-filter role in every process follows
-//! each change within a second.
+//! delete, pause and resume, and the replay of their dead letters. The
+//! pre-filter role in every process follows each change within a second.
 
 use std::sync::Arc;
 
@@ -188,4 +188,36 @@ async fn set_paused(
         return Err(ApiError::NotFound(format!("no pipeline named {name}")));
     }
     Ok(Json(PipelineState { name, paused }))
+}
+
+/// `POST /pipelines/{name}/dead-letters/replay`: the pipeline's dead
+/// letters back on its input topic, at their first position.
+pub(super) async fn replay(
+    State(state): State<Arc<AppState>>,
+    Path(name): Path<String>,
+) -> Result<
+    (
+        Extension<AuditTarget>,
+        Json<crate::ingest::prefilter::RawReplay>,
+    ),
+    ApiError,
+> {
+    let Some(brokers) = state.settings.kafka_brokers.clone() else {
+        return Err(ApiError::Unavailable(
+            "this process has no Kafka brokers (LAUREL_KAFKA_BROKERS) to replay from".into(),
+        ));
+    };
+    let pipeline = stored(&state, &name)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("no pipeline named {name}")))?;
+    let report =
+        crate::ingest::prefilter::replay(&brokers, &state.settings.group_prefix, &pipeline)
+            .await
+            .map_err(|error| ApiError::Unavailable(format!("{error:#}")))?;
+    let audit = AuditTarget {
+        target: format!("pipeline {name}"),
+        before: Some(pipeline.version),
+        after: Some(pipeline.version),
+    };
+    Ok((Extension(audit), Json(report)))
 }

@@ -23,6 +23,8 @@
 //!   records it fails on are dead-lettered with why. A quarantined one
 //!   holds its own pipeline (nothing committed, retried every few
 //!   seconds until a new version is pushed); other pipelines go on.
+//! - **Replay** ([`replay`]): a pipeline's dead letters go back to its
+//!   input topic at their first position, once fixed.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -37,6 +39,10 @@ use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{Instrument, error, info, info_span, warn};
+
+mod replay;
+
+pub use replay::{ORIGIN_HEADER, REPLAY_FOR_HEADER, RawReplay, replay, replay_group};
 
 use super::kafka::{self, DeadLetters};
 use super::{IngestSettings, Plan, SourceContext, Verdict, follow_pause, group_consumer, rewind};
@@ -391,6 +397,13 @@ impl PipelineConsumer {
         let mut records: Vec<RawRecord<'_>> = Vec::with_capacity(batch.len());
         let mut positions: Vec<usize> = Vec::with_capacity(batch.len());
         for (index, message) in batch.iter().enumerate() {
+            if header(message, REPLAY_FOR_HEADER)
+                .is_some_and(|p| p != self.pipeline.name.as_bytes())
+            {
+                // Another pipeline's replayed dead letter: not this one's.
+                fates[index] = Some(Fate::Events(Vec::new()));
+                continue;
+            }
             match message.payload() {
                 None => fates[index] = Some(Fate::Dead("empty message: no value".into())),
                 Some(value) if value.len() > max_bytes => {
@@ -578,10 +591,8 @@ async fn dead_letter(
 ) -> Result<(), BatchError> {
     let topic = dead_topic(&pipeline.input_topic);
     let reason = crate::event::printable(reason, 4096);
-    let (partition, offset) = (
-        message.partition().to_string(),
-        message.offset().to_string(),
-    );
+    let (partition, offset) = origin(message);
+    let (partition, offset) = (partition.to_string(), offset.to_string());
     let headers = [
         ("laurel-reason", reason.as_str()),
         ("laurel-pipeline", pipeline.name.as_str()),
@@ -633,10 +644,32 @@ fn usable(verdict: &Verdict) -> bool {
     !matches!(verdict, Verdict::Excluded { .. } | Verdict::Nothing { .. })
 }
 
+/// A header's value, if the message has it.
+fn header<'a>(message: &'a OwnedMessage, name: &str) -> Option<&'a [u8]> {
+    message
+        .headers()?
+        .iter()
+        .find(|h| h.key == name)
+        .and_then(|h| h.value)
+}
+
+/// Where a record first was: its `laurel-origin` if it is a replayed dead
+/// letter, else where it is.
+fn origin(message: &OwnedMessage) -> (i32, i64) {
+    header(message, ORIGIN_HEADER)
+        .and_then(|v| std::str::from_utf8(v).ok())
+        .and_then(|v| v.split_once('/'))
+        .and_then(|(p, o)| Some((p.parse().ok()?, o.parse().ok()?)))
+        .unwrap_or((message.partition(), message.offset()))
+}
+
+/// A message as its transform sees it: a replayed dead letter at its first
+/// position, so its events get the ids they would have had.
 fn raw_record<'a>(message: &'a OwnedMessage, value: &'a [u8]) -> RawRecord<'a> {
+    let (partition, offset) = origin(message);
     RawRecord {
-        partition: message.partition(),
-        offset: message.offset(),
+        partition,
+        offset,
         value,
         key: message.key(),
         timestamp_ms: message.timestamp().to_millis(),

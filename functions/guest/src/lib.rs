@@ -302,3 +302,9 @@ pub fn content_counts(event: &Event<'_>, statuses: &[String]) -> Option<bool> {
             .is_none_or(|status| statuses.iter().any(|s| s == status)),
     )
 }
+
+/// The README's Rust examples, compiled (and run) as doc tests, so they
+/// cannot drift from the SDK.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeExamples;

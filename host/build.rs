@@ -28,6 +28,7 @@ const GUESTS: &[&str] = &[
     "accept-all-filter",
     "reject-all-filter",
     "plain-filter",
+    "plain-transform",
 ];
 
 fn main() {

@@ -89,7 +89,7 @@ const FAMILIES: &[(&str, Kind, &str)] = &[
     (
         PREFILTER_EVENTS,
         Kind::Counter,
-        "Events the pre-filter made of raw records, by pipeline and outcome (kept: produced for ingest; dropped: no enabled award can use it; dead: its record was dead-lettered)",
+        "Events the pre-filter made of raw records, by pipeline and outcome (kept: produced for ingest; dropped: no enabled award can use it, or a record the transform made no event of, as one; dead: its record was dead-lettered)",
     ),
     (
         CONSUMER_LAG,

@@ -49,7 +49,7 @@ pub mod strategy {
 #[allow(missing_docs, clippy::all)]
 pub mod transform {
     wit_bindgen::generate!({
-        world: "transform",
+        world: "scoped-transform",
         path: "../../wit",
         pub_export_macro: true,
         export_macro_name: "export_transform_world",
@@ -117,6 +117,20 @@ pub trait Transform: Sized + 'static {
     /// `Err`: the record is malformed (it is dead-lettered with this
     /// reason). The events' source is the pipeline's.
     fn transform(&self, record: &Record<'_>) -> Result<Vec<Envelope>, String>;
+
+    /// As [`Transform::transform`], where only events whose type `wanted`
+    /// accepts need be made: the pre-filter drops the others anyway. A
+    /// transform that can find a record's type cheaply overrides it to skip
+    /// the rest of the work for records nobody keeps.
+    fn transform_wanted(
+        &self,
+        record: &Record<'_>,
+        wanted: &dyn Fn(&str) -> bool,
+    ) -> Result<Vec<Envelope>, String> {
+        let mut events = self.transform(record)?;
+        events.retain(|event| wanted(&event.event_type));
+        Ok(events)
+    }
 }
 
 /// Exports a [`Filter`] implementation as a component of the
@@ -225,17 +239,38 @@ macro_rules! export_strategy {
 }
 
 /// Exports a [`Transform`] implementation as a component of the
-/// `transform` world.
+/// `scoped-transform` world (the `transform` world plus `transform-scope`).
 #[macro_export]
 macro_rules! export_transform {
     ($ty:ty) => {
         #[cfg(target_arch = "wasm32")]
         const _: () = {
+            use $crate::transform::exports::laurel::award::transform_scope as scope;
             use $crate::transform::exports::laurel::award::transforms as api;
             pub struct Component;
             pub struct Instance($ty);
             impl api::Guest for Component {
                 type Transform = Instance;
+            }
+            impl scope::Guest for Component {
+                fn apply_for_types(
+                    transform: api::TransformBorrow<'_>,
+                    batch: $crate::wit::RecordBatch,
+                    types: Option<Vec<String>>,
+                ) -> Vec<Result<Vec<$crate::Envelope>, String>> {
+                    let this: &Instance = transform.get();
+                    match types {
+                        None => $crate::records(&batch)
+                            .map(|r| $crate::Transform::transform(&this.0, &r))
+                            .collect(),
+                        Some(types) => {
+                            let wanted = |t: &str| types.iter().any(|w| w == t);
+                            $crate::records(&batch)
+                                .map(|r| $crate::Transform::transform_wanted(&this.0, &r, &wanted))
+                                .collect()
+                        }
+                    }
+                }
             }
             impl api::GuestTransform for Instance {
                 fn create(config: String) -> Result<api::Transform, String> {

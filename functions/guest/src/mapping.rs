@@ -113,6 +113,25 @@ impl Fields {
             .collect()
     }
 
+    /// Whether the event these fields make of an item is of a type
+    /// `wanted` accepts, found as [`Fields::envelope`] finds it; true when
+    /// the type is not text (`envelope` says what is wrong with it).
+    pub fn is_wanted<'a>(
+        &'a self,
+        find: impl Fn(&str) -> Option<Found<'a>>,
+        wanted: &dyn Fn(&str) -> bool,
+    ) -> bool {
+        let found = match &self.event_type {
+            Place::At(at) => find(at),
+            Place::Const { value } => Some(Found::Json(value)),
+        };
+        match found {
+            Some(Found::Text(text)) => wanted(text),
+            Some(Found::Json(Json::String(text))) => wanted(text),
+            _ => true,
+        }
+    }
+
     /// The event made of the `n`-th item of `record` (from 0), each field
     /// looked up by `find` (`None`: the record has nothing there).
     pub fn envelope<'a>(

@@ -42,4 +42,6 @@ pub const FILTER_SCOPE_EXPORT: &str = "laurel:award/filter-scope@0.1.0";
 pub const RULE_EXPORT: &str = "laurel:award/rules@0.1.0";
 pub const STRATEGY_EXPORT: &str = "laurel:award/strategies@0.1.0";
 pub const TRANSFORM_EXPORT: &str = "laurel:award/transforms@0.1.0";
+/// Optional beside [`TRANSFORM_EXPORT`]: apply told the types kept.
+pub const TRANSFORM_SCOPE_EXPORT: &str = "laurel:award/transform-scope@0.1.0";
 pub const TYPES_IMPORT: &str = "laurel:award/types@0.1.0";

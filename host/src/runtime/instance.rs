@@ -1,6 +1,7 @@
 //! Instances of a function version created from one config: the resource
 //! the guest made from that config, in a store of its own, called per batch.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use wasmtime::Store;
@@ -44,21 +45,12 @@ impl World for FilterWorld {
         };
         let instance = pre.instance_pre().instantiate(&mut *store)?;
         let bindings = bindings::filter::Filter::new(&mut *store, &instance)?;
-        let event_types =
-            match instance.get_export_index(&mut *store, None, bindings::FILTER_SCOPE_EXPORT) {
-                None => None,
-                Some(scope) => {
-                    let function = instance
-                        .get_export_index(&mut *store, Some(&scope), "event-types")
-                        .ok_or_else(|| {
-                            wasmtime::format_err!(
-                                "{} has no function event-types",
-                                bindings::FILTER_SCOPE_EXPORT
-                            )
-                        })?;
-                    Some(instance.get_typed_func(&mut *store, function)?)
-                }
-            };
+        let event_types = optional_export(
+            &instance,
+            store,
+            bindings::FILTER_SCOPE_EXPORT,
+            "event-types",
+        )?;
         Ok(FilterWorld {
             bindings,
             event_types,
@@ -94,12 +86,38 @@ impl World for bindings::rule::Rule {
     }
 }
 
-impl World for bindings::transform::Transform {
+type TransformBatch = bindings::transform::exports::laurel::award::transforms::RecordBatch;
+
+/// `transform-scope`'s `apply-for-types`.
+type ApplyForTypes = TypedFunc<
+    (ResourceAny, TransformBatch, Option<Vec<String>>),
+    (Vec<Result<Vec<Transformed>, String>>,),
+>;
+
+/// A transform's bindings, and its `transform-scope` export if it has one
+/// (a transform built before `transform-scope` existed does not).
+struct TransformWorld {
+    bindings: bindings::transform::Transform,
+    apply_for_types: Option<ApplyForTypes>,
+}
+
+impl World for TransformWorld {
     fn instantiate(pre: &Pre, store: &mut Store<GuestState>) -> wasmtime::Result<Self> {
-        match pre {
-            Pre::Transform(pre) => pre.instantiate(store),
-            _ => unreachable!("a transform instance is only made from a transform"),
-        }
+        let Pre::Transform(pre) = pre else {
+            unreachable!("a transform instance is only made from a transform")
+        };
+        let instance = pre.instance_pre().instantiate(&mut *store)?;
+        let bindings = bindings::transform::Transform::new(&mut *store, &instance)?;
+        let apply_for_types = optional_export(
+            &instance,
+            store,
+            bindings::TRANSFORM_SCOPE_EXPORT,
+            "apply-for-types",
+        )?;
+        Ok(TransformWorld {
+            bindings,
+            apply_for_types,
+        })
     }
 
     fn create(
@@ -107,10 +125,32 @@ impl World for bindings::transform::Transform {
         store: &mut Store<GuestState>,
         config: &str,
     ) -> wasmtime::Result<Result<ResourceAny, String>> {
-        self.laurel_award_transforms()
+        self.bindings
+            .laurel_award_transforms()
             .transform()
             .call_create(store, config)
     }
+}
+
+/// The function `name` of the optional exported interface `interface`, if
+/// the component has the interface (then it must have the function).
+fn optional_export<P, R>(
+    instance: &wasmtime::component::Instance,
+    store: &mut Store<GuestState>,
+    interface: &str,
+    name: &str,
+) -> wasmtime::Result<Option<TypedFunc<P, R>>>
+where
+    P: wasmtime::component::ComponentNamedList + wasmtime::component::Lower,
+    R: wasmtime::component::ComponentNamedList + wasmtime::component::Lift,
+{
+    let Some(exported) = instance.get_export_index(&mut *store, None, interface) else {
+        return Ok(None);
+    };
+    let function = instance
+        .get_export_index(&mut *store, Some(&exported), name)
+        .ok_or_else(|| wasmtime::format_err!("{interface} has no function {name}"))?;
+    Ok(Some(instance.get_typed_func(&mut *store, function)?))
 }
 
 impl World for bindings::strategy::Strategy {
@@ -630,7 +670,7 @@ pub const MAX_EVENTS_PER_RECORD: usize = 1000;
 
 /// A transform created from one config (a pipeline's).
 pub struct TransformInstance {
-    slot: Slot<bindings::transform::Transform>,
+    slot: Slot<TransformWorld>,
 }
 
 impl TransformInstance {
@@ -651,17 +691,37 @@ impl TransformInstance {
         topic: &str,
         records: &[RawRecord<'_>],
     ) -> Result<Vec<Result<Vec<Transformed>, String>>, FunctionError> {
+        self.apply_for_types(topic, records, None)
+    }
+
+    /// As [`TransformInstance::apply`], where only events of `types` (none:
+    /// every type) need be made: a transform with `transform-scope` may
+    /// leave the others out; one without makes them all.
+    pub fn apply_for_types(
+        &mut self,
+        topic: &str,
+        records: &[RawRecord<'_>],
+        types: Option<&BTreeSet<String>>,
+    ) -> Result<Vec<Result<Vec<Transformed>, String>>, FunctionError> {
         let batch = pack_records(topic, records).ok_or_else(|| FunctionError::Input {
             name: self.slot.function.name.clone(),
             version: self.slot.function.version,
             reason: "the batch's bytes are over 4 GiB: send smaller batches".to_string(),
         })?;
-        let answers = self.slot.run(|world, store, resource| {
-            world
-                .laurel_award_transforms()
-                .transform()
-                .call_apply(store, resource, &batch)
-        })?;
+        let types: Option<Vec<String>> = types.map(|t| t.iter().cloned().collect());
+        let answers =
+            self.slot.run(
+                move |world, store, resource| match (&world.apply_for_types, types) {
+                    (Some(scoped), types @ Some(_)) => scoped
+                        .call(store, (resource, batch, types))
+                        .map(|(answers,)| answers),
+                    _ => world
+                        .bindings
+                        .laurel_award_transforms()
+                        .transform()
+                        .call_apply(store, resource, &batch),
+                },
+            )?;
         if answers.len() != records.len() {
             return Err(self.slot.invalid(format!(
                 "{} answers for {} records",

@@ -806,7 +806,7 @@ async fn dead_letters_replayed_after_a_fix_count_once_at_their_first_position() 
     p.broker.create_topic("raw.kv", 1).unwrap();
     p.broker.create_topic("raw.kv.dead", 1).unwrap();
     let mut store = p.db.store().await;
-    // A config naming the wrong key for the user: every record is dead.
+    // A config naming the wrong key for the user: every trip is dead.
     let wrong = KV_PIPELINE.replace(r#""user_id": "uid""#, r#""user_id": "user""#);
     laurel::pipelines::apply(&mut store, &p.registry, &wrong)
         .await
@@ -822,7 +822,9 @@ async fn dead_letters_replayed_after_a_fix_count_once_at_their_first_position() 
         ],
     )
     .await;
-    let letters = dead_letter_messages(p.broker.bootstrap_servers(), "raw.kv.dead", 3).await;
+    // The route is no award's business: left out before its fields are
+    // read, so only the trips are dead.
+    let letters = dead_letter_messages(p.broker.bootstrap_servers(), "raw.kv.dead", 2).await;
     assert!(
         letters
             .iter()
@@ -850,7 +852,7 @@ async fn dead_letters_replayed_after_a_fix_count_once_at_their_first_position() 
     assert!(first.status.success(), "{said}");
     assert_eq!(
         said.trim(),
-        "replayed 3 dead letters of pipeline navi-kv from raw.kv.dead to raw.kv"
+        "replayed 2 dead letters of pipeline navi-kv from raw.kv.dead to raw.kv"
     );
     // Each event has the id of the record's first position.
     let kept = produced(&p, 2, FIVE_MINUTES).await;
@@ -883,6 +885,99 @@ async fn dead_letters_replayed_after_a_fix_count_once_at_their_first_position() 
         String::from_utf8_lossy(&none.stderr).contains("no pipeline named nope"),
         "{}",
         String::from_utf8_lossy(&none.stderr)
+    );
+    prefilter.stop().await;
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transforms_told_the_kept_types_skip_the_rest_and_older_ones_still_run() {
+    let runtime = support::runtime();
+    let kept = BTreeSet::from(["navi.trip_finished".to_string()]);
+    let values = ["u-1 navi.route_built", "u-1 navi.trip_finished"];
+    let records: Vec<laurel::runtime::RawRecord<'_>> = values
+        .iter()
+        .enumerate()
+        .map(|(n, value)| laurel::runtime::RawRecord {
+            offset: n as i64,
+            value: value.as_bytes(),
+            ..Default::default()
+        })
+        .collect();
+    let types =
+        |answers: Vec<Result<Vec<laurel::runtime::Transformed>, String>>| -> Vec<Vec<String>> {
+            answers
+                .into_iter()
+                .map(|a| a.unwrap().into_iter().map(|e| e.event_type).collect())
+                .collect()
+        };
+    // Built with the SDK (transform-scope): told the kept types, it makes
+    // only those; not told, all.
+    let hostile = runtime
+        .load(
+            "HostileTransform",
+            1,
+            &support::guest_bytes("hostile_transform"),
+            Some(FunctionKind::Transform),
+        )
+        .unwrap();
+    let mut scoped = laurel::runtime::TransformInstance::new(hostile, "{}").unwrap();
+    assert_eq!(
+        types(
+            scoped
+                .apply_for_types("raw", &records, Some(&kept))
+                .unwrap()
+        ),
+        [vec![], vec!["navi.trip_finished".to_string()]]
+    );
+    assert_eq!(
+        types(scoped.apply("raw", &records).unwrap()),
+        [
+            vec!["navi.route_built".to_string()],
+            vec!["navi.trip_finished".to_string()]
+        ]
+    );
+    // Built before transform-scope: it makes everything, told or not.
+    let plain = runtime
+        .load(
+            "PlainTransform",
+            1,
+            &support::guest_bytes("plain_transform"),
+            Some(FunctionKind::Transform),
+        )
+        .unwrap();
+    let mut plain = laurel::runtime::TransformInstance::new(plain, "{}").unwrap();
+    assert_eq!(
+        types(plain.apply_for_types("raw", &records, Some(&kept)).unwrap()),
+        [
+            vec!["navi.route_built".to_string()],
+            vec!["navi.trip_finished".to_string()]
+        ]
+    );
+
+    // In a pipeline, the pre-filter drops what the older one made.
+    let p = Pipeline::start(AWARDS, &["bss"]).await;
+    p.broker.create_topic("raw.plain", 1).unwrap();
+    let mut store = p.db.store().await;
+    laurel::registry::push(
+        &mut store,
+        &support::runtime(),
+        "PlainTransform",
+        &support::guest_bytes("plain_transform"),
+        None,
+    )
+    .await
+    .unwrap();
+    let pipeline = r#"{"name": "plain", "input_topic": "raw.plain", "source": "bss",
+        "transform": {"name": "PlainTransform"}}"#;
+    laurel::pipelines::apply(&mut store, &p.registry, pipeline)
+        .await
+        .unwrap();
+    let prefilter = Prefilter::start(&p).await;
+    send(&p, "raw.plain", &values).await;
+    assert_eq!(
+        produced(&p, 1, FIVE_MINUTES).await,
+        [("plain-1".to_string(), "navi.trip_finished".to_string())]
     );
     prefilter.stop().await;
     p.stop().await;

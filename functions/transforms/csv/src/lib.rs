@@ -61,8 +61,19 @@ impl Transform for CsvTransform {
     }
 
     fn transform(&self, record: &Record<'_>) -> Result<Vec<Envelope>, String> {
+        self.transform_wanted(record, &|_| true)
+    }
+
+    fn transform_wanted(
+        &self,
+        record: &Record<'_>,
+        wanted: &dyn Fn(&str) -> bool,
+    ) -> Result<Vec<Envelope>, String> {
         let text = record.text()?;
         let mut events = Vec::new();
+        // Each row's event keeps its number (and so its id) whichever
+        // others are left out.
+        let mut n = 0;
         for (number, row) in rows(text, self.delimiter)?.into_iter().enumerate() {
             if row.len() == 1 && row[0].trim().is_empty() {
                 continue;
@@ -83,11 +94,14 @@ impl Transform for CsvTransform {
                 let at = self.columns.iter().position(|c| c == column)?;
                 Some(Found::Text(row[at].as_ref()))
             };
-            let event = self
-                .fields
-                .envelope(record, events.len(), find)
-                .map_err(|e| format!("row {}: {e}", number + 1))?;
-            events.push(event);
+            if self.fields.is_wanted(find, wanted) {
+                let event = self
+                    .fields
+                    .envelope(record, n, find)
+                    .map_err(|e| format!("row {}: {e}", number + 1))?;
+                events.push(event);
+            }
+            n += 1;
         }
         Ok(events)
     }

@@ -31,14 +31,24 @@ impl Transform for JsonTransform {
     }
 
     fn transform(&self, record: &Record<'_>) -> Result<Vec<Envelope>, String> {
+        self.transform_wanted(record, &|_| true)
+    }
+
+    fn transform_wanted(
+        &self,
+        record: &Record<'_>,
+        wanted: &dyn Fn(&str) -> bool,
+    ) -> Result<Vec<Envelope>, String> {
         let value: Value = serde_json::from_slice(record.value)
             .map_err(|e| format!("the record is not JSON: {e}"))?;
         if !value.is_object() {
             return Err("the record is JSON but not an object".into());
         }
-        let event = self
-            .fields
-            .envelope(record, 0, |at| value.pointer(at).map(Found::Json))?;
+        let find = |at: &str| value.pointer(at).map(Found::Json);
+        if !self.fields.is_wanted(find, wanted) {
+            return Ok(Vec::new());
+        }
+        let event = self.fields.envelope(record, 0, find)?;
         Ok(vec![event])
     }
 }

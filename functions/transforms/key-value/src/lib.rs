@@ -35,8 +35,19 @@ impl Transform for KeyValueTransform {
     }
 
     fn transform(&self, record: &Record<'_>) -> Result<Vec<Envelope>, String> {
+        self.transform_wanted(record, &|_| true)
+    }
+
+    fn transform_wanted(
+        &self,
+        record: &Record<'_>,
+        wanted: &dyn Fn(&str) -> bool,
+    ) -> Result<Vec<Envelope>, String> {
         let text = record.text()?;
         let mut events = Vec::new();
+        // Each line's event keeps its number (and so its id) whichever
+        // others are left out.
+        let mut n = 0;
         for (number, line) in text.lines().enumerate() {
             if line.trim().is_empty() {
                 continue;
@@ -48,11 +59,14 @@ impl Transform for KeyValueTransform {
                     .find(|(k, _)| *k == key)
                     .map(|(_, v)| Found::Text(v.as_ref()))
             };
-            let event = self
-                .fields
-                .envelope(record, events.len(), find)
-                .map_err(|e| format!("line {}: {e}", number + 1))?;
-            events.push(event);
+            if self.fields.is_wanted(find, wanted) {
+                let event = self
+                    .fields
+                    .envelope(record, n, find)
+                    .map_err(|e| format!("line {}: {e}", number + 1))?;
+                events.push(event);
+            }
+            n += 1;
         }
         Ok(events)
     }
@@ -145,5 +159,34 @@ mod tests {
         assert_eq!(pairs("=1").unwrap_err(), "\"=1\" is not key=value");
         assert!(pairs("a=\"open").unwrap_err().contains("no closing quote"));
         assert_eq!(pairs("a= b=2").unwrap()[0].1, "");
+    }
+
+    #[test]
+    fn events_left_out_by_type_keep_the_others_ids() {
+        use laurel_guest::{RecordBatchBuilder, Transform, records};
+        let transform = super::KeyValueTransform::from_config(
+            r#"{"fields": {"user_id": "uid", "type": "event", "authorized": {"const": true},
+                "occurred_at": "ts", "occurred_at_unit": "s"}}"#,
+        )
+        .unwrap();
+        let lines = "ts=1 uid=u event=a\nts=2 uid=u event=b\n\nts=3 uid=u event=a\n";
+        let mut batch = RecordBatchBuilder::new("raw");
+        batch.push(0, 5, lines.as_bytes(), None, None, &[]);
+        let batch = batch.finish();
+        let record = records(&batch).next().unwrap();
+        let ids = |events: Vec<laurel_guest::Envelope>| -> Vec<(String, String)> {
+            events.into_iter().map(|e| (e.id, e.event_type)).collect()
+        };
+        let all = ids(transform.transform(&record).unwrap());
+        assert_eq!(
+            all,
+            [
+                ("raw/0/5".to_string(), "a".to_string()),
+                ("raw/0/5/1".to_string(), "b".to_string()),
+                ("raw/0/5/2".to_string(), "a".to_string()),
+            ]
+        );
+        let only_a = ids(transform.transform_wanted(&record, &|t| t == "a").unwrap());
+        assert_eq!(only_a, [all[0].clone(), all[2].clone()]);
     }
 }

@@ -26,7 +26,7 @@
 //! - **Replay** ([`replay`]): a pipeline's dead letters go back to its
 //!   input topic at their first position, once fixed.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -419,15 +419,20 @@ impl PipelineConsumer {
             }
         }
         let topic = self.pipeline.input_topic.clone();
-        let answers = self.transform_all(&topic, &records)?;
         // First, cheaply: types no objective's filters can match (as the
-        // filters declare them) are dropped before any check or filter.
+        // filters declare them) are not made (a transform with
+        // `transform-scope` skips them) or dropped before any check.
         let types = self.plan().event_types();
+        let answers = self.transform_all(&topic, &records, types.as_ref())?;
         let mut dropped = 0;
         for (position, answer) in positions.iter().zip(answers) {
             fates[*position] = Some(match answer {
                 Ok(mut events) => {
-                    if let Some(types) = &types {
+                    if events.is_empty() {
+                        // Nothing made (a transform told the kept types
+                        // leaves the others out): one record dropped.
+                        dropped += 1;
+                    } else if let Some(types) = &types {
                         let before = events.len();
                         events.retain(|event| types.contains(&event.event_type));
                         dropped += before - events.len();
@@ -534,18 +539,22 @@ impl PipelineConsumer {
         &mut self,
         topic: &str,
         records: &[RawRecord<'_>],
+        types: Option<&BTreeSet<String>>,
     ) -> Result<Vec<Result<Vec<Transformed>, String>>, BatchError> {
         if records.is_empty() {
             return Ok(Vec::new());
         }
-        match self.transform()?.apply(topic, records) {
+        match self.transform()?.apply_for_types(topic, records, types) {
             Ok(answers) => return Ok(answers),
             Err(error) if holds(&error) => return Err(BatchError::Transform(error.to_string())),
             Err(_) => {}
         }
         let mut answers = Vec::with_capacity(records.len());
         for record in records {
-            match self.transform()?.apply(topic, std::slice::from_ref(record)) {
+            match self
+                .transform()?
+                .apply_for_types(topic, std::slice::from_ref(record), types)
+            {
                 Ok(mut one) => answers.push(one.pop().unwrap_or(Ok(Vec::new()))),
                 Err(error) if holds(&error) => {
                     return Err(BatchError::Transform(error.to_string()));

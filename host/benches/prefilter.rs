@@ -1,0 +1,379 @@
+//! Benchmark: raw records/s through the pre-filter, against a bare rdkafka
+//! consumer reading the same topic in the same run; and the per-record cost
+//! of the JSON transform in Wasm against the same crate compiled natively,
+//! making every event and told the one type kept (`transform-scope`).
+//!
+//! cargo bench -p laurel --bench prefilter      (LAUREL_BENCH_RECORDS=600000,
+//!                                               LAUREL_BENCH_ROUNDS=2,
+//!                                               LAUREL_BENCH_CPU=1)
+//!
+//! - The raw topic (24 partitions; every record fits the mock cluster's
+//!   retention) is filled first, in this process, by librdkafka's mock
+//!   cluster: JSON navigator records, 0.6% of them finished trips that an
+//!   award sums, the rest routes that no award counts.
+//! - Bare: this binary again, as a child pinned to one core (`taskset -c
+//!   CPU`), consuming the topic with a `StreamConsumer` and dropping every
+//!   record. Laurel: the built `laurel serve --roles prefilter`, pinned to
+//!   the same core, running one pipeline (`JsonTransform` in Wasm) over the
+//!   same topic. Each is timed from its first progress to its last record
+//!   (the consumer group's join is not throughput); the pre-filter's by
+//!   its committed offsets, polled every 20 ms.
+//! - The kept events on `events.bss` are counted: exactly the trips.
+//!
+//! Uses the database `laurel_bench_prefilter` on 127.0.0.1 (dropped and
+//! made anew each run; LAUREL_BENCH_SERVER_URL to change the server).
+
+use std::collections::BTreeSet;
+use std::hint::black_box;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use laurel::ingest::{self, LocalBroker};
+use laurel::registry::Registry;
+use laurel::runtime::{Limits, RawRecord, Runtime, TransformInstance};
+use laurel::store::Store;
+use laurel_guest::Transform as _;
+use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
+use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+
+const TOPIC: &str = "raw.navigator";
+const PARTITIONS: i32 = 24;
+const PIPELINE: &str = "navigator";
+
+const FIELDS: &str = r#"{"fields": {"user_id": "/user", "type": "/event",
+  "authorized": {"const": true}, "occurred_at": "/ts", "payload": {"distance_m": "/distance"}}}"#;
+
+const AWARD: &str = r#"{"id": "driver", "title": "Driver",
+  "objectives": [{"id": "navi",
+    "filters": [{"name": "SourceFilter", "config": {"sources": ["bss"]}},
+                {"name": "EventTypeFilter", "config": {"types": ["navi.trip_finished"]}}],
+    "rule": {"name": "SumFieldRule", "config": {"field": "distance_m", "counter": "metres"}},
+    "progress_counter": "metres"}],
+  "strategy": {"goal": 10, "strategy": [{"objective_id": "navi", "normalization_factor": 0.001}]}}"#;
+
+/// Record `n`: a finished trip for 6 in 1000, a built route otherwise.
+fn record(n: usize) -> String {
+    let event = if n % 1000 < 6 {
+        "navi.trip_finished"
+    } else {
+        "navi.route_built"
+    };
+    format!(
+        r#"{{"user":"u-{}","event":"{event}","ts":{},"distance":{},"app":"navigator","build":"26.11.3"}}"#,
+        (n * 7919) % 50_000,
+        1_764_583_200_000_i64 + n as i64,
+        100 + n % 900
+    )
+}
+
+fn trips(count: usize) -> usize {
+    (0..count).filter(|n| n % 1000 < 6).count()
+}
+
+fn env(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn main() {
+    // The bare consumer, as a child of this benchmark.
+    if let Ok(brokers) = std::env::var("LAUREL_BENCH_BARE_BROKERS") {
+        let count = env("LAUREL_BENCH_RECORDS", 600_000);
+        bare(&brokers, count);
+        return;
+    }
+    let count = env("LAUREL_BENCH_RECORDS", 600_000);
+    let rounds = env("LAUREL_BENCH_ROUNDS", 2).max(1);
+    let cpu = env("LAUREL_BENCH_CPU", 1);
+    transform_cost();
+    let server = std::env::var("LAUREL_BENCH_SERVER_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into());
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut ratios = Vec::new();
+        for round in 1..=rounds {
+            let (bare, laurel) = measure(&server, count, cpu).await;
+            let ratio = laurel / bare;
+            ratios.push(ratio);
+            println!(
+                "Round {round}: bare consumer {bare:>8.0} records/s; pre-filter {laurel:>8.0} records/s: ratio {ratio:.2}"
+            );
+        }
+        ratios.sort_by(f64::total_cmp);
+        println!(
+            "Pre-filter/bare over {rounds} rounds: lowest {:.2}, median {:.2}, highest {:.2}",
+            ratios[0],
+            ratios[ratios.len() / 2],
+            ratios[ratios.len() - 1]
+        );
+    });
+}
+
+/// The JSON transform on the same records, native and in Wasm, alternating
+/// rounds; the median per record of each.
+fn transform_cost() {
+    const RECORDS: usize = 1000;
+    const ROUNDS: usize = 15;
+    let values: Vec<String> = (0..RECORDS).map(record).collect();
+    let runtime = Runtime::new(Limits::default(), None).unwrap();
+    let builtin = laurel::library::builtin("JsonTransform").unwrap();
+    let function = runtime
+        .load("JsonTransform", 1, builtin.bytes, Some(builtin.kind))
+        .unwrap();
+    let mut wasm = TransformInstance::new(function, FIELDS).unwrap();
+    let native = json_transform::JsonTransform::from_config(FIELDS).unwrap();
+    let raw: Vec<RawRecord<'_>> = values
+        .iter()
+        .enumerate()
+        .map(|(n, value)| RawRecord {
+            partition: 0,
+            offset: n as i64,
+            value: value.as_bytes(),
+            key: None,
+            timestamp_ms: None,
+            headers: Vec::new(),
+        })
+        .collect();
+    let kept: BTreeSet<String> = BTreeSet::from(["navi.trip_finished".to_string()]);
+    let wanted = |t: &str| kept.contains(t);
+    // All events made, then only the kept type's.
+    let mut times: [Vec<Duration>; 4] = Default::default();
+    for _ in 0..ROUNDS {
+        for (k, typed) in [false, true].into_iter().enumerate() {
+            let started = Instant::now();
+            let mut builder = laurel_guest::RecordBatchBuilder::new(TOPIC);
+            for (n, value) in values.iter().enumerate() {
+                builder.push(0, n as i64, value.as_bytes(), None, None, &[]);
+            }
+            let batch = builder.finish();
+            for record in laurel_guest::records(&batch) {
+                if typed {
+                    black_box(native.transform_wanted(&record, &wanted).unwrap());
+                } else {
+                    black_box(native.transform(&record).unwrap());
+                }
+            }
+            times[2 * k].push(started.elapsed());
+            let started = Instant::now();
+            black_box(
+                wasm.apply_for_types(TOPIC, &raw, typed.then_some(&kept))
+                    .unwrap(),
+            );
+            times[2 * k + 1].push(started.elapsed());
+        }
+    }
+    let median = |v: &mut Vec<Duration>| {
+        v.sort();
+        v[v.len() / 2].as_nanos() as f64 / RECORDS as f64
+    };
+    let [native, wasm, native_typed, wasm_typed] = times.each_mut().map(median);
+    println!(
+        "JsonTransform per record, every event made: native {native:.0} ns, Wasm {wasm:.0} ns (batches of {RECORDS}): Wasm/native {:.2}",
+        wasm / native
+    );
+    println!(
+        "JsonTransform per record, only the kept type made (0.6%): native {native_typed:.0} ns, Wasm {wasm_typed:.0} ns: Wasm/native {:.2}",
+        wasm_typed / native_typed
+    );
+}
+
+/// Consumes `count` records of the raw topic and drops them; prints the
+/// rate from the first record to the last.
+fn bare(brokers: &str, count: usize) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let consumer: StreamConsumer = ClientConfig::new()
+            .set("bootstrap.servers", brokers)
+            .set("group.id", "bench.bare")
+            .set("enable.auto.commit", "false")
+            .set("auto.offset.reset", "earliest")
+            .create()
+            .unwrap();
+        consumer.subscribe(&[TOPIC]).unwrap();
+        let mut seen = 0usize;
+        let mut bytes = 0usize;
+        let mut started = None;
+        while seen < count {
+            let message = consumer.recv().await.unwrap();
+            started.get_or_insert_with(Instant::now);
+            bytes += message.payload().map_or(0, <[u8]>::len);
+            seen += 1;
+        }
+        let elapsed = started.unwrap().elapsed().as_secs_f64();
+        black_box(bytes);
+        println!("{}", (count - 1) as f64 / elapsed);
+    });
+}
+
+fn pinned(cpu: usize, program: &str) -> Command {
+    let mut command = Command::new("taskset");
+    command.args(["-c", &cpu.to_string(), program]);
+    command
+}
+
+async fn measure(server: &str, count: usize, cpu: usize) -> (f64, f64) {
+    let url = format!("{server}/laurel_bench_prefilter");
+    let (admin, connection) =
+        tokio_postgres::connect(&format!("{server}/postgres"), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    admin
+        .batch_execute("DROP DATABASE IF EXISTS laurel_bench_prefilter WITH (FORCE)")
+        .await
+        .unwrap();
+    admin
+        .batch_execute("CREATE DATABASE laurel_bench_prefilter")
+        .await
+        .unwrap();
+    let mut store = Store::connect(&url).await.unwrap();
+    store.migrate().await.unwrap();
+    let runtime = Runtime::new(Limits::default(), None).unwrap();
+    laurel::library::register(&mut store, &runtime)
+        .await
+        .unwrap();
+    let registry = Registry::start(&url, runtime).await.unwrap();
+    laurel::definitions::apply(&mut store, &registry, AWARD)
+        .await
+        .unwrap();
+    let pipeline = format!(
+        r#"{{"name": "{PIPELINE}", "input_topic": "{TOPIC}", "source": "bss",
+            "transform": {{"name": "JsonTransform", "config": {FIELDS}}}}}"#
+    );
+    laurel::pipelines::apply(&mut store, &registry, &pipeline)
+        .await
+        .unwrap();
+
+    let broker = LocalBroker::start(None).await.unwrap();
+    let brokers = broker.bootstrap_servers().to_string();
+    broker.create_topic(TOPIC, PARTITIONS).unwrap();
+    broker.create_topic("events.bss", 4).unwrap();
+    broker.create_topic(&format!("{TOPIC}.dead"), 1).unwrap();
+    let producer = ingest::producer(&brokers).unwrap();
+    let values: Vec<String> = (0..count).map(record).collect();
+    for (c, chunk) in values.chunks(5000).enumerate() {
+        let sends = chunk.iter().enumerate().map(|(i, value)| {
+            let key = format!("k-{}", c * 5000 + i);
+            let producer = &producer;
+            async move {
+                ingest::publish(producer, TOPIC, Some(key.as_bytes()), value.as_bytes(), &[]).await
+            }
+        });
+        for result in futures_util::future::join_all(sends).await {
+            result.unwrap();
+        }
+    }
+
+    // Bare: this binary, pinned.
+    let me = std::env::current_exe().unwrap();
+    let output = pinned(cpu, me.to_str().unwrap())
+        .env("LAUREL_BENCH_BARE_BROKERS", &brokers)
+        .env("LAUREL_BENCH_RECORDS", count.to_string())
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "the bare consumer failed");
+    let bare: f64 = String::from_utf8_lossy(&output.stdout)
+        .trim()
+        .parse()
+        .unwrap();
+
+    // Laurel's pre-filter, pinned the same way.
+    let cache = std::env::temp_dir().join("laurel-bench-prefilter-cache");
+    let mut child: Child = pinned(cpu, env!("CARGO_BIN_EXE_laurel"))
+        .args(["serve", "--roles", "prefilter"])
+        .env("LAUREL_DATABASE_URL", &url)
+        .env("LAUREL_KAFKA_BROKERS", &brokers)
+        .env("LAUREL_CACHE_DIR", &cache)
+        .env("LAUREL_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let laurel = committed_rate(&brokers, count).await;
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let _ = child.wait();
+    let kept = high_watermarks(&brokers, "events.bss", 4);
+    assert_eq!(
+        kept,
+        trips(count) as i64,
+        "the pre-filter kept {kept} events, not the {} trips",
+        trips(count)
+    );
+    println!("  kept: {kept} of {count} records (the trips), on events.bss");
+    (bare, laurel)
+}
+
+/// Polls the pipeline's committed offsets until they cover `count`
+/// records; the rate from the first progress seen to the end.
+async fn committed_rate(brokers: &str, count: usize) -> f64 {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", format!("laurel.prefilter.{PIPELINE}"))
+        .create()
+        .unwrap();
+    let mut partitions = TopicPartitionList::new();
+    for partition in 0..PARTITIONS {
+        partitions.add_partition(TOPIC, partition);
+    }
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let mut first: Option<(Instant, i64)> = None;
+    loop {
+        let committed = consumer
+            .committed_offsets(partitions.clone(), Duration::from_secs(5))
+            .map(|offsets| {
+                offsets
+                    .elements()
+                    .iter()
+                    .map(|e| match e.offset() {
+                        Offset::Offset(o) => o,
+                        _ => 0,
+                    })
+                    .sum::<i64>()
+            })
+            .unwrap_or(0);
+        let now = Instant::now();
+        if committed > 0 && first.is_none() {
+            first = Some((now, committed));
+        }
+        if committed as usize >= count {
+            let (at, from) = first.expect("progress was seen");
+            let elapsed = now.duration_since(at).as_secs_f64();
+            assert!(
+                elapsed > 0.5,
+                "too few records to time: raise LAUREL_BENCH_RECORDS"
+            );
+            return (committed - from) as f64 / elapsed;
+        }
+        assert!(
+            now < deadline,
+            "the pre-filter did not finish in 10 minutes"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn high_watermarks(brokers: &str, topic: &str, partitions: i32) -> i64 {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .unwrap();
+    (0..partitions)
+        .map(|p| {
+            consumer
+                .fetch_watermarks(topic, p, Duration::from_secs(5))
+                .unwrap()
+                .1
+        })
+        .sum()
+}

@@ -116,7 +116,13 @@ fn panic_is_a_trap_that_names_the_function_and_says_why() {
 
 #[test]
 fn huge_output_is_refused() {
-    let (runtime, mut rule) = hostile(generous());
+    // Making and lifting 100,000 counters takes longer than the default
+    // budget on a loaded test machine; the output limit is the point here.
+    let limits = Limits {
+        cpu_budget: Duration::from_secs(10),
+        ..generous()
+    };
+    let (runtime, mut rule) = hostile(limits);
     let error = rule
         .contribute(&[event_of_type("e-huge", "huge")])
         .unwrap_err();

@@ -308,6 +308,72 @@ fn follow_pause(
     }
 }
 
+/// What [`next_batch`] found.
+enum NextBatch {
+    /// Messages, bounded by count, bytes and wait.
+    Batch(Vec<OwnedMessage>),
+    /// Nothing within a quarter second, or a consumer error waited out:
+    /// look at pause and stop again.
+    Nothing,
+    /// `stop` changed.
+    Stop,
+}
+
+/// The next batch of `consumer`: a first message (waited for up to a
+/// quarter second), then more until LAUREL_BATCH_SIZE messages,
+/// LAUREL_BATCH_MAX_BYTES or LAUREL_BATCH_WAIT_MS. A consumer error is
+/// logged once while it lasts (`last_error`) and waited out; `what` names
+/// the consumer in the log ("source photos").
+async fn next_batch(
+    consumer: &StreamConsumer<SourceContext>,
+    settings: &IngestSettings,
+    stop: &mut watch::Receiver<bool>,
+    last_error: &mut Option<String>,
+    what: &str,
+) -> NextBatch {
+    let first = tokio::select! {
+        message = consumer.recv() => message,
+        _ = stop.changed() => return NextBatch::Stop,
+        _ = tokio::time::sleep(Duration::from_millis(250)) => return NextBatch::Nothing,
+    };
+    let first = match first {
+        Ok(message) => {
+            *last_error = None;
+            message.detach()
+        }
+        Err(error) => {
+            // Said once, not every poll: a missing topic (nothing
+            // produced yet) can last.
+            let text = error.to_string();
+            if last_error.as_ref() != Some(&text) {
+                warn!(message = "Kafka error while consuming; retrying.", consumer = %what, error = %text);
+                *last_error = Some(text);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            return NextBatch::Nothing;
+        }
+    };
+    // Bounded by count and by bytes, whatever the messages' sizes.
+    let mut bytes = message_bytes(&first);
+    let mut batch = vec![first];
+    let deadline = tokio::time::Instant::now() + settings.batch_wait;
+    while batch.len() < settings.batch_size && bytes < settings.batch_max_bytes {
+        match tokio::time::timeout_at(deadline, consumer.recv()).await {
+            Ok(Ok(message)) => {
+                let message = message.detach();
+                bytes += message_bytes(&message);
+                batch.push(message);
+            }
+            Ok(Err(error)) => {
+                warn!(message = "Kafka error while consuming.", consumer = %what, %error);
+                break;
+            }
+            Err(_) => break,
+        }
+    }
+    NextBatch::Batch(batch)
+}
+
 /// Seeks `consumer` back to the first offset of `batch` in each partition
 /// of `topic`, so an unfinished batch is read again.
 fn rewind(
@@ -404,51 +470,25 @@ impl SourceConsumer {
     async fn run(&mut self, mut stop: watch::Receiver<bool>) {
         let mut last_error: Option<String> = None;
         let settings = self.shared.settings.clone();
+        let what = format!("source {}", self.source.name);
         loop {
             if *stop.borrow() {
                 break;
             }
             self.follow_pause();
-            let first = tokio::select! {
-                message = self.consumer.recv() => message,
-                _ = stop.changed() => break,
-                _ = tokio::time::sleep(Duration::from_millis(250)) => continue,
+            let batch = match next_batch(
+                &self.consumer,
+                &settings,
+                &mut stop,
+                &mut last_error,
+                &what,
+            )
+            .await
+            {
+                NextBatch::Batch(batch) => batch,
+                NextBatch::Nothing => continue,
+                NextBatch::Stop => break,
             };
-            let first = match first {
-                Ok(message) => {
-                    last_error = None;
-                    message.detach()
-                }
-                Err(error) => {
-                    // Said once, not every poll: a missing topic (nothing
-                    // produced yet) can last.
-                    let text = error.to_string();
-                    if last_error.as_ref() != Some(&text) {
-                        warn!(message = "Kafka error while consuming; retrying.", source = %self.source.name, error = %text);
-                        last_error = Some(text);
-                    }
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                    continue;
-                }
-            };
-            // Bounded by count and by bytes, whatever the messages' sizes.
-            let mut bytes = message_bytes(&first);
-            let mut batch = vec![first];
-            let deadline = tokio::time::Instant::now() + settings.batch_wait;
-            while batch.len() < settings.batch_size && bytes < settings.batch_max_bytes {
-                match tokio::time::timeout_at(deadline, self.consumer.recv()).await {
-                    Ok(Ok(message)) => {
-                        let message = message.detach();
-                        bytes += message_bytes(&message);
-                        batch.push(message);
-                    }
-                    Ok(Err(error)) => {
-                        warn!(message = "Kafka error while consuming.", source = %self.source.name, %error);
-                        break;
-                    }
-                    Err(_) => break,
-                }
-            }
             // A batch in hand is finished even when asked to stop: nothing
             // is committed before it is applied, so stopping mid-way would
             // only mean doing it again.

@@ -45,7 +45,10 @@ mod replay;
 pub use replay::{ORIGIN_HEADER, REPLAY_FOR_HEADER, RawReplay, replay, replay_group};
 
 use super::kafka::{self, DeadLetters};
-use super::{IngestSettings, Plan, SourceContext, Verdict, follow_pause, group_consumer, rewind};
+use super::{
+    IngestSettings, NextBatch, Plan, SourceContext, Verdict, follow_pause, group_consumer,
+    next_batch, rewind,
+};
 use crate::catalog::Catalog;
 use crate::event::Envelope;
 use crate::metrics;
@@ -282,48 +285,25 @@ impl PipelineConsumer {
     async fn run(&mut self, mut stop: watch::Receiver<bool>) {
         let settings = self.shared.settings.clone();
         let mut last_error: Option<String> = None;
+        let what = format!("pipeline {}", self.pipeline.name);
         loop {
             if *stop.borrow() {
                 break;
             }
             self.follow_pause();
-            let first = tokio::select! {
-                message = self.consumer.recv() => message,
-                _ = stop.changed() => break,
-                _ = tokio::time::sleep(Duration::from_millis(250)) => continue,
+            let batch = match next_batch(
+                &self.consumer,
+                &settings,
+                &mut stop,
+                &mut last_error,
+                &what,
+            )
+            .await
+            {
+                NextBatch::Batch(batch) => batch,
+                NextBatch::Nothing => continue,
+                NextBatch::Stop => break,
             };
-            let first = match first {
-                Ok(message) => {
-                    last_error = None;
-                    message.detach()
-                }
-                Err(error) => {
-                    let text = error.to_string();
-                    if last_error.as_ref() != Some(&text) {
-                        warn!(message = "Kafka error while consuming; retrying.", pipeline = %self.pipeline.name, error = %text);
-                        last_error = Some(text);
-                    }
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                    continue;
-                }
-            };
-            let mut bytes = first.payload().map_or(0, <[u8]>::len);
-            let mut batch = vec![first];
-            let deadline = tokio::time::Instant::now() + settings.batch_wait;
-            while batch.len() < settings.batch_size && bytes < settings.batch_max_bytes {
-                match tokio::time::timeout_at(deadline, self.consumer.recv()).await {
-                    Ok(Ok(message)) => {
-                        let message = message.detach();
-                        bytes += message.payload().map_or(0, <[u8]>::len);
-                        batch.push(message);
-                    }
-                    Ok(Err(error)) => {
-                        warn!(message = "Kafka error while consuming.", pipeline = %self.pipeline.name, %error);
-                        break;
-                    }
-                    Err(_) => break,
-                }
-            }
             let span =
                 info_span!("prefilter_batch", pipeline = %self.pipeline.name, size = batch.len());
             async {
@@ -654,7 +634,7 @@ fn usable(verdict: &Verdict) -> bool {
 }
 
 /// A header's value, if the message has it.
-fn header<'a>(message: &'a OwnedMessage, name: &str) -> Option<&'a [u8]> {
+fn header<'a, M: Message>(message: &'a M, name: &str) -> Option<&'a [u8]> {
     message
         .headers()?
         .iter()

@@ -22,7 +22,7 @@ use rdkafka::message::{Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 use serde::Serialize;
 
-use super::dead_topic;
+use super::{dead_topic, header};
 use crate::ingest::kafka;
 use crate::store::PipelineRow;
 
@@ -111,20 +111,10 @@ pub async fn replay(
         if message.offset() >= end {
             continue;
         }
-        let header = |name: &str| -> Option<String> {
-            message.headers().and_then(|h| {
-                h.iter()
-                    .find(|h| h.key == name)
-                    .and_then(|h| h.value)
-                    .map(|v| String::from_utf8_lossy(v).into_owned())
-            })
-        };
-        if header("laurel-pipeline").as_deref() == Some(pipeline.name.as_str()) {
-            let origin = format!(
-                "{}/{}",
-                header("laurel-partition").unwrap_or_default(),
-                header("laurel-offset").unwrap_or_default()
-            );
+        let header =
+            |name: &str| String::from_utf8_lossy(header(&message, name).unwrap_or_default());
+        if header("laurel-pipeline") == pipeline.name.as_str() {
+            let origin = format!("{}/{}", header("laurel-partition"), header("laurel-offset"));
             match message.payload() {
                 None => report.without_value.push(origin),
                 Some(value) => {

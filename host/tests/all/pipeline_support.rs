@@ -335,7 +335,13 @@ pub async fn dead_letter_messages(
     while found.len() < count {
         let message = tokio::time::timeout(Duration::from_secs(60), consumer.recv())
             .await
-            .unwrap_or_else(|_| panic!("only {} of {count} dead letters arrived", found.len()))
+            .unwrap_or_else(|_| {
+                let reasons: Vec<&String> = found.iter().map(|(_, reason, _)| reason).collect();
+                panic!(
+                    "only {} of {count} dead letters arrived on {topic} in 60 s: {reasons:?}",
+                    found.len()
+                )
+            })
             .unwrap();
         let reason = message
             .headers()

@@ -9,8 +9,15 @@ use laurel::runtime::{Event, Function, Limits, Runtime};
 use laurel::store::Store;
 use std::sync::Arc;
 
+/// The production limits, but for a CPU budget a loaded test machine does
+/// not run past: the budget counts wall time, so a test process starved of
+/// the CPU for 100 ms would see a healthy call time out (the budget's own
+/// tests set a short one).
 pub fn runtime() -> Runtime {
-    runtime_with(Limits::default())
+    runtime_with(Limits {
+        cpu_budget: Duration::from_secs(10),
+        ..Limits::default()
+    })
 }
 
 pub fn runtime_with(limits: Limits) -> Runtime {

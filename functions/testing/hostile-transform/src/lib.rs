@@ -3,7 +3,8 @@
 //!
 //! - `panic`: panics (a trap),
 //! - `loop`: never returns (CPU budget),
-//! - `flood`: 5,000 events from one record (output limit),
+//! - `flood`: 5,000 trips from one record (output limit; of a type awards
+//!   use, so a transform told the kept types still makes them all),
 //! - `bad-time`: a trip whose `occurred_at` is not a time,
 //! - anything else, `USER TYPE`: one event of that user and type
 //!   (authorized, occurred at the record's timestamp or the epoch).
@@ -41,7 +42,9 @@ impl Transform for HostileTransform {
                     n = std::hint::black_box(n.wrapping_add(1));
                 }
             }
-            "flood" => Ok((0..5000).map(|n| event(record, n, "u-1", "x")).collect()),
+            "flood" => Ok((0..5000)
+                .map(|n| event(record, n, "u-1", "navi.trip_finished"))
+                .collect()),
             "bad-time" => Ok(vec![Envelope {
                 occurred_at: "yesterday".into(),
                 ..event(record, 0, "u-1", "navi.trip_finished")

@@ -2,7 +2,7 @@
 //! event's fields are found by JSON pointer (RFC 6901, e.g. `/user/id`),
 //! as [`laurel_guest::mapping`] describes.
 
-use laurel_guest::mapping::{Fields, Found};
+use laurel_guest::mapping::{Fields, Found, Place, json_at};
 use laurel_guest::{Envelope, Record, Transform, parse_config};
 use serde::Deserialize;
 use serde_json::Value;
@@ -31,10 +31,29 @@ impl Transform for JsonTransform {
     }
 
     fn transform(&self, record: &Record<'_>) -> Result<Vec<Envelope>, String> {
-        self.transform_wanted(record, &|_| true)
+        self.made(record, &|_| true)
     }
 
     fn transform_wanted(
+        &self,
+        record: &Record<'_>,
+        wanted: &dyn Fn(&str) -> bool,
+    ) -> Result<Vec<Envelope>, String> {
+        // Most records are of types no award needs: their type is read in
+        // a scan that builds nothing else, and only the others are parsed.
+        if let Place::At(at) = &self.fields.event_type
+            && let Some(Value::String(event_type)) = json_at(record.value, at)?
+            && !wanted(&event_type)
+        {
+            return Ok(Vec::new());
+        }
+        self.made(record, wanted)
+    }
+}
+
+impl JsonTransform {
+    /// The record's event, parsed whole, if `wanted` accepts its type.
+    fn made(
         &self,
         record: &Record<'_>,
         wanted: &dyn Fn(&str) -> bool,

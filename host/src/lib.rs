@@ -8,6 +8,7 @@ pub mod cli;
 pub mod definitions;
 pub mod demo;
 pub mod event;
+pub mod fixtures;
 pub mod ingest;
 pub mod keyvalue;
 pub mod library;

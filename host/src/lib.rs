@@ -19,6 +19,7 @@ pub mod proxy;
 pub mod redis_connection;
 pub mod registry;
 pub mod runtime;
+pub mod scaffold;
 pub mod secrets;
 pub mod settings;
 pub mod store;

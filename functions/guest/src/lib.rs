@@ -15,7 +15,7 @@
 pub mod filter {
     wit_bindgen::generate!({
         world: "scoped-filter",
-        path: "../../wit",
+        path: "wit",
         pub_export_macro: true,
         export_macro_name: "export_filter_world",
         default_bindings_module: "laurel_guest::filter",
@@ -26,7 +26,7 @@ pub mod filter {
 pub mod rule {
     wit_bindgen::generate!({
         world: "rule",
-        path: "../../wit",
+        path: "wit",
         pub_export_macro: true,
         export_macro_name: "export_rule_world",
         default_bindings_module: "laurel_guest::rule",
@@ -38,7 +38,7 @@ pub mod rule {
 pub mod strategy {
     wit_bindgen::generate!({
         world: "strategy",
-        path: "../../wit",
+        path: "wit",
         pub_export_macro: true,
         export_macro_name: "export_strategy_world",
         default_bindings_module: "laurel_guest::strategy",
@@ -50,7 +50,7 @@ pub mod strategy {
 pub mod transform {
     wit_bindgen::generate!({
         world: "scoped-transform",
-        path: "../../wit",
+        path: "wit",
         pub_export_macro: true,
         export_macro_name: "export_transform_world",
         default_bindings_module: "laurel_guest::transform",

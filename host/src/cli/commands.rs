@@ -21,6 +21,57 @@ async fn store(connections: &Connections) -> anyhow::Result<Store> {
     Ok(store)
 }
 
+/// `laurel functions test`: the fixtures' cases as a table, then an error
+/// if one failed.
+fn test_function(
+    file: &std::path::Path,
+    config: Option<&str>,
+    fixtures: &std::path::Path,
+    sandbox: &crate::settings::Sandbox,
+) -> anyhow::Result<()> {
+    let config = match config {
+        Some(at) if at.starts_with('@') => Some(
+            std::fs::read_to_string(&at[1..])
+                .with_context(|| format!("failed to read the config file {}", &at[1..]))?,
+        ),
+        other => other.map(str::to_string),
+    };
+    let bytes =
+        std::fs::read(file).with_context(|| format!("failed to read {}", file.display()))?;
+    let name = file
+        .file_stem()
+        .map_or("function".into(), |s| s.to_string_lossy().into_owned());
+    let runtime = sandbox.runtime()?;
+    let function = runtime
+        .load(&name, 1, &bytes, None)
+        .with_context(|| format!("{} cannot be loaded", file.display()))?;
+    let results = crate::fixtures::run_all(&function, config.as_deref(), fixtures)
+        .map_err(anyhow::Error::msg)?;
+    println!("{:<48} {:>6}  RESULT", "CASE", "ITEMS");
+    for result in &results {
+        let verdict = if result.passed() { "ok" } else { "FAILED" };
+        println!(
+            "{:<48} {:>6}  {verdict}",
+            result.case.display(),
+            result.items
+        );
+        for failure in &result.failures {
+            println!("    {failure}");
+        }
+    }
+    let failed = results.iter().filter(|r| !r.passed()).count();
+    println!(
+        "{name} ({}): {} cases, {} passed, {failed} failed",
+        function.kind.as_str(),
+        results.len(),
+        results.len() - failed
+    );
+    if failed > 0 {
+        anyhow::bail!("{failed} of {} cases failed", results.len());
+    }
+    Ok(())
+}
+
 pub(super) async fn functions(
     connections: &Connections,
     command: FunctionsCommand,
@@ -47,6 +98,33 @@ pub(super) async fn functions(
                 }
             }
         }
+        FunctionsCommand::New {
+            name,
+            kind,
+            dir,
+            sdk,
+        } => {
+            let dir = dir.unwrap_or_else(|| crate::scaffold::crate_name(&name).into());
+            let made =
+                crate::scaffold::create(&name, kind, &dir, &sdk).map_err(anyhow::Error::msg)?;
+            println!("created {} ({} {name}):", made.dir.display(), kind.as_str());
+            for file in &made.files {
+                println!("  {}", file.display());
+            }
+            println!("next, in {}:", made.dir.display());
+            println!("  cargo build --release");
+            println!("  laurel functions test {}", made.component.display());
+            println!(
+                "  laurel functions push {name} {}",
+                made.component.display()
+            );
+        }
+        FunctionsCommand::Test {
+            file,
+            config,
+            fixtures,
+            sandbox,
+        } => test_function(&file, config.as_deref(), &fixtures, &sandbox)?,
         FunctionsCommand::List { all } => {
             let store = store(connections).await?;
             let rows = if all {

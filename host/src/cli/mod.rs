@@ -123,6 +123,40 @@ enum FunctionsCommand {
         #[command(flatten)]
         sandbox: Sandbox,
     },
+    /// Start a function in a crate of its own, outside any Laurel
+    /// checkout: an example of the kind, a fixture case that passes against
+    /// it, and a README that says how to build, test and push it.
+    New {
+        /// The function's name, as awards will reference it (e.g. GoodRating).
+        name: String,
+        /// filter, rule, strategy or transform.
+        #[arg(long, value_parser = parse_kind)]
+        kind: FunctionKind,
+        /// The crate's folder [default: the name as a crate, e.g. good-rating].
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+        /// Where the crate gets the guest SDK: a version (from the
+        /// registry), git:URL[#REV] or path:DIR.
+        #[arg(long, value_name = "SOURCE", default_value = crate::scaffold::SDK_VERSION)]
+        sdk: crate::scaffold::Sdk,
+    },
+    /// Run FILE against fixtures under the production limits, with no
+    /// database, broker or network: prints each case and exits non-zero if
+    /// one fails.
+    Test {
+        /// The component: a `.wasm` file built for wasm32-wasip2.
+        file: PathBuf,
+        /// The config for cases that have no config.json of their own
+        /// (JSON text, or @FILE).
+        #[arg(long, value_name = "JSON")]
+        config: Option<String>,
+        /// One case, or a folder of cases (the format: `laurel::fixtures`
+        /// in ARCHITECTURE.md).
+        #[arg(long, value_name = "DIR", default_value = "fixtures")]
+        fixtures: PathBuf,
+        #[command(flatten)]
+        sandbox: Sandbox,
+    },
     /// List functions: name, kind, current version, sha256.
     List {
         /// Every version, not only the current one.

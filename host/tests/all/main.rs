@@ -5,6 +5,7 @@
 
 mod api;
 mod architecture;
+mod authoring;
 mod awards;
 mod cases;
 mod config_errors;

@@ -1,0 +1,255 @@
+//! `laurel functions new`: a standalone crate for one function, outside
+//! any Laurel checkout: a Cargo.toml that depends on the guest SDK by
+//! version, git or path; `.cargo/config.toml` for the wasm32-wasip2
+//! target; an example of the kind; a fixture case that passes against it;
+//! a five-line README. Templates: `host/scaffold/`.
+
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use crate::runtime::FunctionKind;
+
+/// The guest SDK's version, the scaffold's default dependency (checked
+/// against `functions/guest/Cargo.toml` by a test).
+pub const SDK_VERSION: &str = "0.1.0";
+
+/// Where a scaffolded crate gets the guest SDK (`laurel-guest`) from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Sdk {
+    /// A version from the registry: `0.1.0`.
+    Version(String),
+    /// A git repository holding Laurel: `git:URL` or `git:URL#REV`.
+    Git { url: String, rev: Option<String> },
+    /// A local copy of the SDK: `path:DIR` (the `functions/guest` folder).
+    Path(PathBuf),
+}
+
+impl Default for Sdk {
+    fn default() -> Self {
+        Sdk::Version(SDK_VERSION.to_string())
+    }
+}
+
+impl FromStr for Sdk {
+    type Err = String;
+
+    fn from_str(spec: &str) -> Result<Sdk, String> {
+        if let Some(at) = spec.strip_prefix("git:") {
+            let (url, rev) = match at.split_once('#') {
+                Some((url, rev)) => (url, Some(rev.to_string())),
+                None => (at, None),
+            };
+            if url.is_empty() {
+                return Err("`git:` needs a URL, e.g. git:https://example.com/laurel.git".into());
+            }
+            return Ok(Sdk::Git {
+                url: url.to_string(),
+                rev,
+            });
+        }
+        if let Some(dir) = spec.strip_prefix("path:") {
+            let dir = std::path::absolute(dir).map_err(|e| format!("path {dir:?}: {e}"))?;
+            if !dir.join("Cargo.toml").is_file() {
+                return Err(format!(
+                    "{} has no Cargo.toml: give the SDK's folder (functions/guest in Laurel)",
+                    dir.display()
+                ));
+            }
+            return Ok(Sdk::Path(dir));
+        }
+        let is_version = !spec.is_empty()
+            && spec
+                .split('.')
+                .all(|part| !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()));
+        if is_version {
+            return Ok(Sdk::Version(spec.to_string()));
+        }
+        Err(format!(
+            "{spec:?} is not an SDK source: a version (0.1.0), git:URL[#REV] or path:DIR"
+        ))
+    }
+}
+
+impl Sdk {
+    /// The `[dependencies]` line.
+    fn dependency(&self) -> String {
+        let quoted = |text: &str| serde_json::Value::from(text).to_string();
+        match self {
+            Sdk::Version(version) => format!("laurel-guest = {}", quoted(version)),
+            Sdk::Git { url, rev: None } => format!("laurel-guest = {{ git = {} }}", quoted(url)),
+            Sdk::Git {
+                url,
+                rev: Some(rev),
+            } => format!(
+                "laurel-guest = {{ git = {}, rev = {} }}",
+                quoted(url),
+                quoted(rev)
+            ),
+            Sdk::Path(dir) => format!(
+                "laurel-guest = {{ path = {} }}",
+                quoted(&dir.to_string_lossy())
+            ),
+        }
+    }
+}
+
+/// What `laurel functions new` made.
+#[derive(Debug)]
+pub struct Scaffolded {
+    pub dir: PathBuf,
+    /// The component `cargo build --release` writes, relative to `dir`.
+    pub component: PathBuf,
+    pub files: Vec<PathBuf>,
+}
+
+/// Writes a crate for function `name` of `kind` into `dir` (which must not
+/// exist or be empty).
+pub fn create(name: &str, kind: FunctionKind, dir: &Path, sdk: &Sdk) -> Result<Scaffolded, String> {
+    check_name(name)?;
+    if dir.exists() {
+        let empty = std::fs::read_dir(dir)
+            .map_err(|e| format!("cannot read {}: {e}", dir.display()))?
+            .next()
+            .is_none();
+        if !empty {
+            return Err(format!(
+                "{} exists and is not empty: give a new folder with --dir",
+                dir.display()
+            ));
+        }
+    }
+    let krate = crate_name(name);
+    let wasm = krate.replace('-', "_");
+    let fill = |template: &str| {
+        template
+            .replace("{{name}}", name)
+            .replace("{{crate}}", &krate)
+            .replace("{{wasm}}", &wasm)
+            .replace("{{kind}}", kind.as_str())
+            .replace("{{sdk}}", &sdk.dependency())
+    };
+    let (lib, config, input, expected) = templates(kind);
+    let files: [(&str, String); 8] = [
+        (
+            "Cargo.toml",
+            fill(include_str!("../scaffold/Cargo.toml.tmpl")),
+        ),
+        (
+            ".cargo/config.toml",
+            include_str!("../scaffold/config.toml").into(),
+        ),
+        (".gitignore", include_str!("../scaffold/gitignore").into()),
+        (
+            "README.md",
+            fill(include_str!("../scaffold/README.md.tmpl")),
+        ),
+        ("src/lib.rs", fill(lib)),
+        ("fixtures/example/config.json", config.into()),
+        ("fixtures/example/input.jsonl", input.into()),
+        ("fixtures/example/expected.jsonl", expected.into()),
+    ];
+    let mut written = Vec::new();
+    for (path, text) in &files {
+        let path = dir.join(path);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+        }
+        std::fs::write(&path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        written.push(path);
+    }
+    Ok(Scaffolded {
+        dir: dir.to_path_buf(),
+        component: Path::new("target/wasm32-wasip2/release").join(format!("{wasm}.wasm")),
+        files: written,
+    })
+}
+
+/// (src/lib.rs, config.json, input.jsonl, expected.jsonl) for a kind.
+fn templates(kind: FunctionKind) -> (&'static str, &'static str, &'static str, &'static str) {
+    macro_rules! kind {
+        ($dir:literal) => {
+            (
+                include_str!(concat!("../scaffold/", $dir, "/lib.rs")),
+                include_str!(concat!("../scaffold/", $dir, "/config.json")),
+                include_str!(concat!("../scaffold/", $dir, "/input.jsonl")),
+                include_str!(concat!("../scaffold/", $dir, "/expected.jsonl")),
+            )
+        };
+    }
+    match kind {
+        FunctionKind::Filter => kind!("filter"),
+        FunctionKind::Rule => kind!("rule"),
+        FunctionKind::Strategy => kind!("strategy"),
+        FunctionKind::Transform => kind!("transform"),
+    }
+}
+
+/// A function name the example can use as its Rust type: a letter, then
+/// letters and digits (e.g. `GoodRating`).
+fn check_name(name: &str) -> Result<(), String> {
+    let ok = name.len() <= 64
+        && name.starts_with(|c: char| c.is_ascii_uppercase())
+        && name.chars().all(|c| c.is_ascii_alphanumeric());
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{name:?} cannot name a new function: use 1-64 letters and digits, starting with a capital (e.g. GoodRating)"
+        ))
+    }
+}
+
+/// `GoodRating` -> `good-rating`.
+pub fn crate_name(name: &str) -> String {
+    let mut out = String::new();
+    for (i, c) in name.chars().enumerate() {
+        if c.is_ascii_uppercase() && i > 0 {
+            out.push('-');
+        }
+        out.push(c.to_ascii_lowercase());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sdk_sources_parse_and_write_a_dependency() {
+        assert_eq!(
+            "0.1.0".parse::<Sdk>().unwrap().dependency(),
+            r#"laurel-guest = "0.1.0""#
+        );
+        assert_eq!(
+            "git:https://example.com/laurel.git#v0.1.0"
+                .parse::<Sdk>()
+                .unwrap()
+                .dependency(),
+            r#"laurel-guest = { git = "https://example.com/laurel.git", rev = "v0.1.0" }"#
+        );
+        let error = "path:/nowhere".parse::<Sdk>().unwrap_err();
+        assert!(error.contains("has no Cargo.toml"), "{error}");
+        let error = "latest".parse::<Sdk>().unwrap_err();
+        assert!(error.contains("is not an SDK source"), "{error}");
+    }
+
+    #[test]
+    fn the_default_sdk_is_the_guest_sdk_version() {
+        let manifest = include_str!("../../functions/guest/Cargo.toml");
+        assert!(
+            manifest.contains(&format!("\nversion = \"{SDK_VERSION}\"\n")),
+            "functions/guest/Cargo.toml's version is not {SDK_VERSION}"
+        );
+    }
+
+    #[test]
+    fn names_become_crates_and_bad_names_are_refused() {
+        assert_eq!(crate_name("GoodRating"), "good-rating");
+        assert_eq!(crate_name("Km2Filter"), "km2-filter");
+        for bad in ["", "good", "Good-Rating", "Good Rating", "Ünicode"] {
+            assert!(check_name(bad).is_err(), "{bad}");
+        }
+    }
+}

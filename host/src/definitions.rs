@@ -334,11 +334,16 @@ pub async fn apply(
 pub enum PushError {
     #[error(transparent)]
     Registry(#[from] crate::registry::RegistryError),
-    #[error("{}", refusal(name, problems, "--force"))]
+    #[error("{}", refusal(name, action, problems, "--force"))]
     BreaksAwards {
         name: String,
+        /// What was refused: `push`, `promote` or `roll back`.
+        action: &'static str,
         problems: Vec<DefinitionError>,
     },
+    /// Promote or rollback: no such version, or nothing to return to.
+    #[error("{0}")]
+    NoVersion(String),
 }
 
 impl PushError {
@@ -346,20 +351,25 @@ impl PushError {
     /// (`--force` on the command line, `?force=true` over HTTP).
     pub fn message(&self, force: &str) -> String {
         match self {
-            PushError::BreaksAwards { name, problems } => refusal(name, problems, force),
+            PushError::BreaksAwards {
+                name,
+                action,
+                problems,
+            } => refusal(name, action, problems, force),
             PushError::Registry(error) => error.to_string(),
+            PushError::NoVersion(message) => message.clone(),
         }
     }
 }
 
-fn refusal(name: &str, problems: &[DefinitionError], force: &str) -> String {
+fn refusal(name: &str, action: &str, problems: &[DefinitionError], force: &str) -> String {
     let broken = match problems.len() {
         1 => "an award that uses it".to_string(),
         n => format!("{n} uses of it in awards"),
     };
     let problems: Vec<String> = problems.iter().map(ToString::to_string).collect();
     format!(
-        "refusing to push {name}: the new version would break {broken} (push with {force} to do it anyway): {}",
+        "refusing to {action} {name}: the new version would break {broken} ({action} with {force} to do it anyway): {}",
         problems.join("; ")
     )
 }
@@ -390,36 +400,121 @@ pub async fn push_function(
     force: bool,
 ) -> Result<(crate::runtime::FunctionKind, crate::store::PushOutcome), PushError> {
     if !force {
-        let awards: Vec<AwardDefinition> = store
-            .awards()
-            .await?
-            .into_iter()
-            .filter_map(|row| serde_json::from_value(row.definition).ok())
-            .collect();
-        let (runtime, name_owned, bytes_owned) =
-            (runtime.clone(), name.to_string(), bytes.to_vec());
-        let problems = tokio::task::spawn_blocking(move || {
-            // Loaded as itself (its compiled form is found by its own
-            // sha256), checked against every award that uses the name.
-            let function = runtime.load(&name_owned, 0, &bytes_owned, expected)?;
-            Ok::<_, crate::runtime::LoadError>(uses_refused(&function, &awards))
-        })
-        .await
-        .map_err(|join| {
-            PushError::Registry(crate::registry::RegistryError::Unloadable {
-                name: name.to_string(),
-                version: 0,
-                reason: join.to_string(),
-            })
-        })??;
-        if !problems.is_empty() {
-            return Err(PushError::BreaksAwards {
-                name: name.to_string(),
-                problems,
-            });
-        }
+        check_uses(store, runtime, name, bytes, expected, "push").await?;
     }
     Ok(crate::registry::push(store, runtime, name, bytes, expected).await?)
+}
+
+/// Registers `bytes` as a shadow candidate of `name`: a new version that
+/// serves nothing until [`promote`] (its uses are checked then).
+pub async fn push_shadow(
+    store: &mut crate::store::Store,
+    runtime: &crate::runtime::Runtime,
+    name: &str,
+    bytes: &[u8],
+    expected: Option<crate::runtime::FunctionKind>,
+) -> Result<(crate::runtime::FunctionKind, crate::store::PushOutcome), PushError> {
+    let stage = crate::registry::Stage::Shadow;
+    Ok(crate::registry::push_staged(store, runtime, name, bytes, expected, stage).await?)
+}
+
+/// Makes `version` of `name` the one that serves, first checking (unless
+/// `force`) that every award using `name` works with it.
+pub async fn promote(
+    store: &mut crate::store::Store,
+    runtime: &crate::runtime::Runtime,
+    name: &str,
+    version: i32,
+    force: bool,
+) -> Result<crate::store::LiveChange, PushError> {
+    make_live(store, runtime, name, version, force, "promote").await
+}
+
+/// Makes the version that served before the last push, promote or
+/// rollback of `name` serve again: one step back, no new version.
+pub async fn rollback(
+    store: &mut crate::store::Store,
+    runtime: &crate::runtime::Runtime,
+    name: &str,
+    force: bool,
+) -> Result<crate::store::LiveChange, PushError> {
+    let previous = match store.live_function(name).await? {
+        None => {
+            return Err(PushError::NoVersion(format!(
+                "no function named {name} is registered"
+            )));
+        }
+        Some((live, None)) => {
+            return Err(PushError::NoVersion(format!(
+                "{name} v{live} is the only version that has served: there is nothing to roll back to"
+            )));
+        }
+        Some((_, Some(previous))) => previous,
+    };
+    make_live(store, runtime, name, previous, force, "roll back").await
+}
+
+async fn make_live(
+    store: &mut crate::store::Store,
+    runtime: &crate::runtime::Runtime,
+    name: &str,
+    version: i32,
+    force: bool,
+    action: &'static str,
+) -> Result<crate::store::LiveChange, PushError> {
+    let found = store
+        .function_version(name, version)
+        .await?
+        .ok_or_else(|| PushError::NoVersion(format!("{name} has no version {version}")))?;
+    if !force {
+        let expected = crate::runtime::FunctionKind::parse(&found.kind);
+        check_uses(store, runtime, name, &found.bytes, expected, action).await?;
+    }
+    store
+        .set_live_function(name, version)
+        .await?
+        .ok_or_else(|| PushError::NoVersion(format!("{name} has no version {version}")))
+}
+
+/// Refuses `bytes` as `name` if an award's use of `name` would break.
+async fn check_uses(
+    store: &crate::store::Store,
+    runtime: &crate::runtime::Runtime,
+    name: &str,
+    bytes: &[u8],
+    expected: Option<crate::runtime::FunctionKind>,
+    action: &'static str,
+) -> Result<(), PushError> {
+    let awards: Vec<AwardDefinition> = store
+        .awards()
+        .await?
+        .into_iter()
+        .filter_map(|row| serde_json::from_value(row.definition).ok())
+        .collect();
+    let (runtime, name_owned, bytes_owned) = (runtime.clone(), name.to_string(), bytes.to_vec());
+    let problems = tokio::task::spawn_blocking(move || {
+        // Loaded as itself (its compiled form is found by its own
+        // sha256), checked against every award that uses the name.
+        let function = runtime.load(&name_owned, 0, &bytes_owned, expected)?;
+        Ok::<_, crate::runtime::LoadError>(uses_refused(&function, &awards))
+    })
+    .await
+    .map_err(|join| {
+        PushError::Registry(crate::registry::RegistryError::Unloadable {
+            name: name.to_string(),
+            version: 0,
+            reason: join.to_string(),
+        })
+    })??;
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(PushError::BreaksAwards {
+            name: name.to_string(),
+            action,
+            problems,
+        })
+    }
 }
 
 /// Every use of `function`'s name in `awards` that it refuses.

@@ -125,7 +125,14 @@ pub async fn register(
         }
         let kind = runtime.inspect(builtin.name, builtin.bytes, Some(builtin.kind))?;
         let outcome = store
-            .push_function(builtin.name, kind.as_str(), &sha256, builtin.bytes, true)
+            .push_function(
+                builtin.name,
+                kind.as_str(),
+                &sha256,
+                builtin.bytes,
+                true,
+                false,
+            )
             .await?;
         info!(
             message = "Registered a built-in function.",

@@ -338,10 +338,38 @@ pub async fn push(
     bytes: &[u8],
     expected: Option<FunctionKind>,
 ) -> Result<(FunctionKind, PushOutcome), RegistryError> {
+    push_staged(store, runtime, name, bytes, expected, Stage::Live).await
+}
+
+/// Whether a pushed version serves at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// It serves from its push on.
+    Live,
+    /// A candidate: it serves nothing until promoted.
+    Shadow,
+}
+
+/// [`push`], as a live version or a shadow candidate.
+pub async fn push_staged(
+    store: &mut Store,
+    runtime: &Runtime,
+    name: &str,
+    bytes: &[u8],
+    expected: Option<FunctionKind>,
+    stage: Stage,
+) -> Result<(FunctionKind, PushOutcome), RegistryError> {
     let kind = runtime.inspect(name, bytes, expected)?;
     let sha256 = hex::encode(Sha256::digest(bytes));
     let outcome = store
-        .push_function(name, kind.as_str(), &sha256, bytes, false)
+        .push_function(
+            name,
+            kind.as_str(),
+            &sha256,
+            bytes,
+            false,
+            stage == Stage::Shadow,
+        )
         .await?;
     Ok((kind, outcome))
 }

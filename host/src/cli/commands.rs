@@ -21,6 +21,15 @@ async fn store(connections: &Connections) -> anyhow::Result<Store> {
     Ok(store)
 }
 
+/// `NAME now serves vTO (it was vFROM)`.
+fn live_change(name: &str, change: crate::store::LiveChange) -> String {
+    match change.from {
+        Some(from) if from == change.to => format!("{name} v{from} already serves"),
+        Some(from) => format!("{name} v{} serves now (it was v{from})", change.to),
+        None => format!("{name} v{} serves now", change.to),
+    }
+}
+
 /// `laurel functions test`: the fixtures' cases as a table, then an error
 /// if one failed.
 fn test_function(
@@ -82,21 +91,81 @@ pub(super) async fn functions(
             file,
             kind,
             force,
+            shadow,
             sandbox,
         } => {
             let bytes = std::fs::read(&file)
                 .with_context(|| format!("failed to read {}", file.display()))?;
             let runtime = sandbox.runtime()?;
             let mut store = store(connections).await?;
-            let (kind, outcome) =
-                definitions::push_function(&mut store, &runtime, &name, &bytes, kind, force)
-                    .await?;
-            match outcome {
-                PushOutcome::Created { version } => println!("pushed {name} v{version} ({kind})"),
-                PushOutcome::Unchanged { version } => {
+            let (kind, outcome) = if shadow {
+                definitions::push_shadow(&mut store, &runtime, &name, &bytes, kind).await?
+            } else {
+                definitions::push_function(&mut store, &runtime, &name, &bytes, kind, force).await?
+            };
+            match (outcome, shadow) {
+                (PushOutcome::Created { version }, false) => {
+                    println!("pushed {name} v{version} ({kind})")
+                }
+                (PushOutcome::Created { version }, true) => println!(
+                    "pushed {name} v{version} ({kind}) as a shadow candidate: it serves nothing until `laurel functions promote {name} {version}`"
+                ),
+                (PushOutcome::Unchanged { version }, _) => {
                     println!("{name} v{version} ({kind}) already has these bytes")
                 }
             }
+        }
+        FunctionsCommand::Promote {
+            name,
+            version,
+            force,
+            sandbox,
+        } => {
+            let runtime = sandbox.runtime()?;
+            let mut store = store(connections).await?;
+            let change = definitions::promote(&mut store, &runtime, &name, version, force).await?;
+            println!("{}", live_change(&name, change));
+        }
+        FunctionsCommand::Rollback {
+            name,
+            force,
+            sandbox,
+        } => {
+            let runtime = sandbox.runtime()?;
+            let mut store = store(connections).await?;
+            let change = definitions::rollback(&mut store, &runtime, &name, force).await?;
+            println!("{}", live_change(&name, change));
+        }
+        FunctionsCommand::Get {
+            name,
+            version,
+            output,
+        } => {
+            let store = store(connections).await?;
+            let version = match version {
+                Some(version) => version,
+                None => {
+                    store
+                        .live_function(&name)
+                        .await?
+                        .with_context(|| format!("no function named {name} is registered"))?
+                        .0
+                }
+            };
+            let found = store
+                .function_version(&name, version)
+                .await?
+                .with_context(|| format!("{name} has no version {version}"))?;
+            let output = output.unwrap_or_else(|| format!("{name}-v{version}.wasm").into());
+            std::fs::write(&output, &found.bytes)
+                .with_context(|| format!("failed to write {}", output.display()))?;
+            println!(
+                "wrote {name} v{version} ({}, {} bytes, sha256 {}) to {}",
+                found.kind,
+                found.bytes.len(),
+                found.sha256,
+                output.display()
+            );
         }
         FunctionsCommand::New {
             name,
@@ -137,11 +206,17 @@ pub(super) async fn functions(
                 "NAME", "KIND", "VERSION", "BYTES", "SHA256"
             );
             for row in rows {
-                let note = match (&row.quarantine_reason, row.builtin) {
-                    (Some(reason), _) => format!("QUARANTINED: {reason}"),
-                    (None, true) => "built-in".to_string(),
-                    (None, false) => String::new(),
-                };
+                let mut notes = Vec::new();
+                if all && row.live {
+                    notes.push("live".to_string());
+                }
+                if row.builtin {
+                    notes.push("built-in".to_string());
+                }
+                if let Some(reason) = &row.quarantine_reason {
+                    notes.push(format!("QUARANTINED: {reason}"));
+                }
+                let note = notes.join(", ");
                 println!(
                     "{:<28} {:<9} {:>7} {:>9}  {}  {note}",
                     row.name, row.kind, row.version, row.size, row.sha256

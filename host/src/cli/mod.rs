@@ -120,8 +120,43 @@ enum FunctionsCommand {
         /// Push even if an award's config is refused by the new version.
         #[arg(long)]
         force: bool,
+        /// Register it as a candidate that serves nothing until
+        /// `laurel functions promote NAME VERSION`.
+        #[arg(long, conflicts_with = "force")]
+        shadow: bool,
         #[command(flatten)]
         sandbox: Sandbox,
+    },
+    /// Make VERSION of NAME the one that serves (a shadow candidate, or an
+    /// older version); every award that uses NAME is checked with it first.
+    Promote {
+        name: String,
+        version: i32,
+        /// Promote even if an award's config is refused by that version.
+        #[arg(long)]
+        force: bool,
+        #[command(flatten)]
+        sandbox: Sandbox,
+    },
+    /// Make the version that served before the last push, promote or
+    /// rollback of NAME serve again, without a new version or a restart.
+    Rollback {
+        name: String,
+        /// Roll back even if an award's config is refused by that version.
+        #[arg(long)]
+        force: bool,
+        #[command(flatten)]
+        sandbox: Sandbox,
+    },
+    /// Write a version of NAME's component to a file, as it was pushed.
+    Get {
+        name: String,
+        /// The version [default: the live one].
+        #[arg(long)]
+        version: Option<i32>,
+        /// Where to write it [default: NAME-vVERSION.wasm].
+        #[arg(long, short, value_name = "FILE")]
+        output: Option<PathBuf>,
     },
     /// Start a function in a crate of its own, outside any Laurel
     /// checkout: an example of the kind, a fixture case that passes against
@@ -157,9 +192,9 @@ enum FunctionsCommand {
         #[command(flatten)]
         sandbox: Sandbox,
     },
-    /// List functions: name, kind, current version, sha256.
+    /// List functions: name, kind, live version, sha256.
     List {
-        /// Every version, not only the current one.
+        /// Every version (live, older and shadow candidates), not only the live one.
         #[arg(long)]
         all: bool,
     },

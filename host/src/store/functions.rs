@@ -15,6 +15,8 @@ pub struct FunctionRow {
     pub builtin: bool,
     pub created_at: DateTime<Utc>,
     pub quarantine_reason: Option<String>,
+    /// Whether this version serves (the one the registry loads).
+    pub live: bool,
 }
 
 /// One registered version with its component bytes.
@@ -31,11 +33,22 @@ pub struct FunctionVersion {
 pub enum PushOutcome {
     /// A new version was registered.
     Created { version: i32 },
-    /// These bytes are already the current version.
+    /// These bytes are already the live (or the newest) version.
     Unchanged { version: i32 },
 }
 
-const ROW_COLUMNS: &str = "name, version, kind, sha256, octet_length(bytes)::bigint, builtin, created_at, quarantine_reason";
+/// A change of which version of a function serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LiveChange {
+    /// The version that served before (none: nothing served).
+    pub from: Option<i32>,
+    pub to: i32,
+}
+
+const ROW_COLUMNS: &str = "f.name, f.version, f.kind, f.sha256, octet_length(f.bytes)::bigint, f.builtin, f.created_at, f.quarantine_reason, l.version IS NOT DISTINCT FROM f.version";
+
+/// `functions f` with each name's live version `l`.
+const WITH_LIVE: &str = "functions f LEFT JOIN function_live l ON l.name = f.name";
 
 fn row(r: &tokio_postgres::Row) -> FunctionRow {
     FunctionRow {
@@ -47,13 +60,16 @@ fn row(r: &tokio_postgres::Row) -> FunctionRow {
         builtin: r.get(5),
         created_at: r.get(6),
         quarantine_reason: r.get(7),
+        live: r.get(8),
     }
 }
 
 impl Store {
-    /// Registers `bytes` as the next version of `name`, unless they already
-    /// are its current version; announces a new version on
-    /// [`FUNCTIONS_CHANNEL`] when the transaction commits.
+    /// Registers `bytes` as the next version of `name` and makes it live,
+    /// unless they already are its live or newest version; announces a new
+    /// version on [`FUNCTIONS_CHANNEL`] when the transaction commits. With
+    /// `shadow`, the new version is a candidate: it serves nothing until
+    /// [`Store::set_live_function`] promotes it.
     pub async fn push_function(
         &mut self,
         name: &str,
@@ -61,6 +77,7 @@ impl Store {
         sha256: &str,
         bytes: &[u8],
         builtin: bool,
+        shadow: bool,
     ) -> Result<PushOutcome, StoreError> {
         let tx = self
             .client_mut()
@@ -74,26 +91,49 @@ impl Store {
         )
         .await
         .context("locking a function name")?;
-        let current = tx
+        let newest = tx
             .query_opt(
                 "SELECT version, sha256 FROM functions WHERE name = $1 ORDER BY version DESC LIMIT 1",
                 &[&name],
             )
             .await
-            .context("reading a function's current version")?;
-        if let Some(current) = &current {
-            let (version, current_sha): (i32, String) = (current.get(0), current.get(1));
-            if current_sha == sha256 {
-                return Ok(PushOutcome::Unchanged { version });
-            }
+            .context("reading a function's newest version")?
+            .map(|r| (r.get::<_, i32>(0), r.get::<_, String>(1)));
+        let live = tx
+            .query_opt(
+                "SELECT f.version, f.sha256 FROM function_live l
+                 JOIN functions f ON f.name = l.name AND f.version = l.version WHERE l.name = $1",
+                &[&name],
+            )
+            .await
+            .context("reading a function's live version")?
+            .map(|r| (r.get::<_, i32>(0), r.get::<_, String>(1)));
+        // A push of the live bytes, or a shadow push of the newest bytes,
+        // changes nothing.
+        let same = [live.as_ref(), newest.as_ref().filter(|_| shadow)]
+            .into_iter()
+            .flatten()
+            .find(|(_, sha)| sha == sha256);
+        if let Some((version, _)) = same {
+            return Ok(PushOutcome::Unchanged { version: *version });
         }
-        let version = current.map_or(1, |r| r.get::<_, i32>(0) + 1);
+        let version = newest.map_or(1, |(version, _)| version + 1);
         tx.execute(
             "INSERT INTO functions (name, version, kind, sha256, bytes, builtin) VALUES ($1, $2, $3, $4, $5, $6)",
             &[&name, &version, &kind, &sha256, &bytes, &builtin],
         )
         .await
         .context("inserting a function version")?;
+        if !shadow {
+            tx.execute(
+                "INSERT INTO function_live (name, version) VALUES ($1, $2)
+                 ON CONFLICT (name) DO UPDATE
+                 SET previous = function_live.version, version = EXCLUDED.version, changed_at = now()",
+                &[&name, &version],
+            )
+            .await
+            .context("making a pushed version live")?;
+        }
         tx.execute("SELECT pg_notify($1, $2)", &[&FUNCTIONS_CHANNEL, &name])
             .await
             .context("announcing a function version")?;
@@ -114,10 +154,10 @@ impl Store {
         Ok(row.is_some())
     }
 
-    /// The current (highest) version of every function.
+    /// The live version of every function (what serves).
     pub async fn current_functions(&self) -> Result<Vec<FunctionRow>, StoreError> {
         let sql = format!(
-            "SELECT DISTINCT ON (name) {ROW_COLUMNS} FROM functions ORDER BY name, version DESC"
+            "SELECT {ROW_COLUMNS} FROM {WITH_LIVE} WHERE l.version = f.version ORDER BY f.name"
         );
         let rows = self
             .client()
@@ -129,7 +169,7 @@ impl Store {
 
     /// Every version of every function, newest first per name.
     pub async fn all_function_versions(&self) -> Result<Vec<FunctionRow>, StoreError> {
-        let sql = format!("SELECT {ROW_COLUMNS} FROM functions ORDER BY name, version DESC");
+        let sql = format!("SELECT {ROW_COLUMNS} FROM {WITH_LIVE} ORDER BY f.name, f.version DESC");
         let rows = self
             .client()
             .query(&sql, &[])
@@ -158,6 +198,79 @@ impl Store {
             sha256: r.get(3),
             bytes: r.get(4),
         }))
+    }
+
+    /// Makes `version` of `name` the one that serves (promote), and
+    /// announces it; `None` if there is no such version.
+    pub async fn set_live_function(
+        &mut self,
+        name: &str,
+        version: i32,
+    ) -> Result<Option<LiveChange>, StoreError> {
+        let tx = self
+            .client_mut()
+            .transaction()
+            .await
+            .context("starting a change of the live version")?;
+        tx.execute(
+            "SELECT pg_advisory_xact_lock(hashtext('laurel.functions.' || $1))",
+            &[&name],
+        )
+        .await
+        .context("locking a function name")?;
+        let exists = tx
+            .query_opt(
+                "SELECT 1 FROM functions WHERE name = $1 AND version = $2",
+                &[&name, &version],
+            )
+            .await
+            .context("looking up a function version")?
+            .is_some();
+        if !exists {
+            return Ok(None);
+        }
+        let from: Option<i32> = tx
+            .query_opt(
+                "SELECT version FROM function_live WHERE name = $1",
+                &[&name],
+            )
+            .await
+            .context("reading a function's live version")?
+            .map(|r| r.get(0));
+        if from != Some(version) {
+            tx.execute(
+                "INSERT INTO function_live (name, version) VALUES ($1, $2)
+                 ON CONFLICT (name) DO UPDATE
+                 SET previous = function_live.version, version = EXCLUDED.version, changed_at = now()",
+                &[&name, &version],
+            )
+            .await
+            .context("changing a function's live version")?;
+            tx.execute("SELECT pg_notify($1, $2)", &[&FUNCTIONS_CHANNEL, &name])
+                .await
+                .context("announcing a live version")?;
+        }
+        tx.commit()
+            .await
+            .context("committing a change of the live version")?;
+        Ok(Some(LiveChange { from, to: version }))
+    }
+
+    /// The live version of `name` and the one live before it (what a
+    /// rollback returns to), if it has one.
+    pub async fn live_function(
+        &self,
+        name: &str,
+    ) -> Result<Option<(i32, Option<i32>)>, StoreError> {
+        let row = self
+            .client()
+            .query_opt(
+                "SELECT version, previous FROM function_live WHERE name = $1",
+                &[&name],
+            )
+            .await
+            .context("reading a function's live version")?;
+        Ok(row.map(|r| (r.get(0), r.get(1))))
     }
 
     /// Records that a version was quarantined (kept for `functions list` and

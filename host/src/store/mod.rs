@@ -27,7 +27,7 @@ pub use counters::{
     Applied, Batch, BatchPart, Counters, DeadEvent, Effect, LogEntry, Message, Outcome, Replaying,
 };
 pub use dead_letters::{DeadLetterRow, HeldObjective, LetterFilter, StoredLetter};
-pub use functions::{FunctionRow, FunctionVersion, PushOutcome};
+pub use functions::{FunctionRow, FunctionVersion, LiveChange, PushOutcome};
 pub use migrations::MIGRATIONS;
 pub use notifications::{Delivery, NotificationRow, Webhook};
 pub use pipelines::{PIPELINES_CHANNEL, PipelineRow};

@@ -284,3 +284,88 @@ async fn a_scaffolded_function_builds_outside_the_checkout_passes_its_fixtures_a
     assert!(stderr.contains("exists and is not empty"), "{stderr}");
     let _ = std::fs::remove_dir_all(&work);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shadow_promote_rollback_and_get_from_the_command_line() {
+    let db = TestDb::new().await;
+    let work = scratch("versions");
+    let guests = laurel::library::guest_dir();
+    let run = |args: &[&str]| {
+        let output = laurel()
+            .args(args)
+            .env("LAUREL_DATABASE_URL", &db.url)
+            .output()
+            .unwrap();
+        let (stdout, stderr) = text(&output);
+        (output.status.success(), stdout.trim().to_string(), stderr)
+    };
+    let accept = guests.join("accept_all_filter.wasm");
+    let reject = guests.join("reject_all_filter.wasm");
+    let (ok, stdout, _) = run(&["functions", "push", "Gate", accept.to_str().unwrap()]);
+    assert!(ok);
+    assert_eq!(stdout, "pushed Gate v1 (filter)");
+    let (ok, stdout, _) = run(&[
+        "functions",
+        "push",
+        "Gate",
+        reject.to_str().unwrap(),
+        "--shadow",
+    ]);
+    assert!(ok);
+    assert_eq!(
+        stdout,
+        "pushed Gate v2 (filter) as a shadow candidate: it serves nothing until `laurel functions promote Gate 2`"
+    );
+    let (_, list, _) = run(&["functions", "list"]);
+    let gate: Vec<&str> = list.lines().filter(|l| l.starts_with("Gate ")).collect();
+    assert_eq!(gate.len(), 1, "{list}");
+    assert!(gate[0].split_whitespace().nth(2) == Some("1"), "{list}");
+    let (_, list, _) = run(&["functions", "list", "--all"]);
+    let gate: Vec<&str> = list.lines().filter(|l| l.starts_with("Gate ")).collect();
+    assert_eq!(gate.len(), 2, "{list}");
+    assert!(
+        !gate[0].ends_with("live") && gate[1].ends_with("live"),
+        "{list}"
+    );
+
+    let (ok, stdout, _) = run(&["functions", "promote", "Gate", "2"]);
+    assert!(ok);
+    assert_eq!(stdout, "Gate v2 serves now (it was v1)");
+    let (ok, stdout, _) = run(&["functions", "rollback", "Gate"]);
+    assert!(ok);
+    assert_eq!(stdout, "Gate v1 serves now (it was v2)");
+
+    // Any version comes back as it was pushed; the live one by default.
+    let file = work.join("gate.wasm");
+    let (ok, stdout, _) = run(&[
+        "functions",
+        "get",
+        "Gate",
+        "--version",
+        "2",
+        "-o",
+        file.to_str().unwrap(),
+    ]);
+    assert!(ok, "{stdout}");
+    assert_eq!(
+        std::fs::read(&file).unwrap(),
+        std::fs::read(&reject).unwrap()
+    );
+    let (ok, _, _) = run(&["functions", "get", "Gate", "-o", file.to_str().unwrap()]);
+    assert!(ok);
+    assert_eq!(
+        std::fs::read(&file).unwrap(),
+        std::fs::read(&accept).unwrap()
+    );
+
+    let (ok, _, stderr) = run(&["functions", "promote", "Gate", "7"]);
+    assert!(!ok);
+    assert!(stderr.contains("Gate has no version 7"), "{stderr}");
+    let (ok, _, stderr) = run(&["functions", "get", "Nobody"]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("no function named Nobody is registered"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&work);
+}

@@ -269,6 +269,48 @@ async fn answers_match_the_documented_bodies_both_ways() {
             .await;
         assert_eq!(pushed.status, status, "{}", pushed.body);
     }
+    let reject = crate::support::guest_bytes("reject_all_filter");
+    let shadow = c
+        .check(
+            "PUT",
+            "/admin/v1/functions/{name}",
+            "/admin/v1/functions/openapi-filter?shadow=true",
+            Some(ADMIN),
+            Some(("application/wasm", reject)),
+        )
+        .await;
+    assert_eq!(shadow.body["live"], false, "{}", shadow.body);
+    let promoted = c
+        .admin(
+            "POST",
+            "/functions/{name}/promote",
+            "/functions/openapi-filter/promote",
+            Some(json!({"version": 2})),
+        )
+        .await;
+    assert_eq!(promoted.body["to"], 2, "{}", promoted.body);
+    let back = c
+        .admin(
+            "POST",
+            "/functions/{name}/rollback",
+            "/functions/openapi-filter/rollback",
+            None,
+        )
+        .await;
+    assert_eq!(
+        (&back.body["from"], &back.body["to"]),
+        (&json!(2), &json!(1))
+    );
+    let component = c
+        .server
+        .call(
+            "GET",
+            "/admin/v1/functions/openapi-filter/versions/1",
+            Some(ADMIN),
+            None,
+        )
+        .await;
+    assert_eq!(component.status, 200);
     c.admin(
         "POST",
         "/sources/{name}/pause",

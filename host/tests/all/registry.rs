@@ -220,6 +220,12 @@ async fn a_version_that_fails_to_load_leaves_the_previous_in_service() {
     )
     .await
     .unwrap();
+    sql.execute(
+        "UPDATE function_live SET previous = version, version = 2 WHERE name = 'Swap'",
+        &[],
+    )
+    .await
+    .unwrap();
     sql.execute("NOTIFY laurel_functions, 'Swap'", &[])
         .await
         .unwrap();
@@ -429,4 +435,143 @@ fn a_cache_directory_of_another_user_is_not_used() {
         "nothing written there"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shadow_version_serves_nothing_until_promoted_and_rollback_returns_without_restart() {
+    let db = TestDb::new().await;
+    let mut store = db.store().await;
+    let runtime = support::runtime();
+    let accept = support::guest_bytes("accept_all_filter");
+    let reject = support::guest_bytes("reject_all_filter");
+    registry::push(&mut store, &runtime, "Gate", &accept, None)
+        .await
+        .unwrap();
+    let registry = Registry::start(&db.url, runtime.clone()).await.unwrap();
+    let mut binding = registry.bind_filter("Gate", "{}").unwrap();
+    let events = [event_of_type("e-1", "photo.created")];
+    assert_eq!(binding.instance().matches(&events).unwrap(), vec![true]);
+
+    // A shadow candidate: registered, listed, serving nothing.
+    let (_, outcome) =
+        laurel::definitions::push_shadow(&mut store, &runtime, "Gate", &reject, None)
+            .await
+            .unwrap();
+    assert_eq!(outcome, PushOutcome::Created { version: 2 });
+    registry.sync_now(&store).await.unwrap();
+    assert_eq!(registry.get("Gate").unwrap().version, 1);
+    assert_eq!(binding.instance().matches(&events).unwrap(), vec![true]);
+    let versions: Vec<(i32, bool)> = store
+        .all_function_versions()
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.name == "Gate")
+        .map(|r| (r.version, r.live))
+        .collect();
+    assert_eq!(versions, vec![(2, false), (1, true)]);
+    // Pushing the candidate's bytes as a shadow again changes nothing.
+    let (_, again) = laurel::definitions::push_shadow(&mut store, &runtime, "Gate", &reject, None)
+        .await
+        .unwrap();
+    assert_eq!(again, PushOutcome::Unchanged { version: 2 });
+
+    // Promoted: the next call runs it, in this running registry.
+    let change = laurel::definitions::promote(&mut store, &runtime, "Gate", 2, false)
+        .await
+        .unwrap();
+    assert_eq!((change.from, change.to), (Some(1), 2));
+    wait_for_version(&registry, "Gate", 2).await;
+    assert_eq!(binding.instance().matches(&events).unwrap(), vec![false]);
+
+    // Rolled back in one step: v1 again, no new version.
+    let change = laurel::definitions::rollback(&mut store, &runtime, "Gate", false)
+        .await
+        .unwrap();
+    assert_eq!((change.from, change.to), (Some(2), 1));
+    wait_for_version(&registry, "Gate", 1).await;
+    assert_eq!(binding.instance().matches(&events).unwrap(), vec![true]);
+    assert_eq!(
+        store
+            .all_function_versions()
+            .await
+            .unwrap()
+            .iter()
+            .filter(|r| r.name == "Gate")
+            .count(),
+        2
+    );
+
+    // What cannot be done is said.
+    let error = laurel::definitions::promote(&mut store, &runtime, "Gate", 9, false)
+        .await
+        .unwrap_err();
+    assert_eq!(error.to_string(), "Gate has no version 9");
+    registry::push(&mut store, &runtime, "Lonely", &accept, None)
+        .await
+        .unwrap();
+    let error = laurel::definitions::rollback(&mut store, &runtime, "Lonely", false)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "Lonely v1 is the only version that has served: there is nothing to roll back to"
+    );
+    let error = laurel::definitions::rollback(&mut store, &runtime, "Nobody", false)
+        .await
+        .unwrap_err();
+    assert_eq!(error.to_string(), "no function named Nobody is registered");
+    db.drop_database().await;
+}
+
+#[tokio::test]
+async fn promoting_a_version_that_breaks_an_award_is_refused_naming_it() {
+    let db = TestDb::new().await;
+    let mut store = db.store().await;
+    let runtime = support::runtime();
+    laurel::library::register(&mut store, &runtime)
+        .await
+        .unwrap();
+    // A shadow "SourceFilter" that is a rule: every award using the filter
+    // would break.
+    let rule = laurel::library::builtin("CountRule").unwrap().bytes;
+    let registry = Registry::start(&db.url, runtime.clone()).await.unwrap();
+    laurel::definitions::apply(
+        &mut store,
+        &registry,
+        r#"{"id": "photographer", "title": "Photographer",
+            "objectives": [{"id": "photos",
+              "filters": [{"name": "SourceFilter", "config": {"sources": ["photos"]}}],
+              "rule": {"name": "CountRule", "config": {"counter": "count"}},
+              "progress_counter": "count"}],
+            "strategy": {"goal": 3, "strategy": [{"objective_id": "photos"}]}}"#,
+    )
+    .await
+    .unwrap();
+    let (_, outcome) =
+        laurel::definitions::push_shadow(&mut store, &runtime, "SourceFilter", rule, None)
+            .await
+            .unwrap();
+    let PushOutcome::Created { version } = outcome else {
+        panic!("{outcome:?}")
+    };
+    let error = laurel::definitions::promote(&mut store, &runtime, "SourceFilter", version, false)
+        .await
+        .unwrap_err();
+    let message = error.to_string();
+    assert!(
+        message.starts_with("refusing to promote SourceFilter: the new version would break an award that uses it (promote with --force to do it anyway)"),
+        "{message}"
+    );
+    assert!(message.contains("photographer"), "{message}");
+    assert_eq!(
+        store
+            .live_function("SourceFilter")
+            .await
+            .unwrap()
+            .unwrap()
+            .0,
+        version - 1
+    );
+    db.drop_database().await;
 }

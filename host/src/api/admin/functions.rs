@@ -1,4 +1,5 @@
-//! Functions: list the registered versions, push a new one.
+//! Functions: list the registered versions, push a new one (live or as a
+//! shadow candidate), promote or roll back which one serves, download one.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -94,12 +95,15 @@ pub(super) async fn push(
         }
     };
     let force = flag(&query, "force")?;
+    let shadow = flag(&query, "shadow")?;
     let mut store = state.store().await?;
     let runtime = state.registry.runtime();
-    let (kind, outcome) =
-        definitions::push_function(&mut store, runtime, &name, &bytes, kind, force)
-            .await
-            .map_err(|error| push_error(&name, error))?;
+    let pushed = if shadow {
+        definitions::push_shadow(&mut store, runtime, &name, &bytes, kind).await
+    } else {
+        definitions::push_function(&mut store, runtime, &name, &bytes, kind, force).await
+    };
+    let (kind, outcome) = pushed.map_err(|error| push_error(&name, error))?;
     // This process serves the version from now on: an award applied next
     // (here, or through any process, which syncs before checking) sees it.
     match state.registry.sync_now(&store).await {
@@ -127,6 +131,7 @@ pub(super) async fn push(
         kind: kind.to_string(),
         version,
         created,
+        live: !shadow || !created,
     };
     Ok((status, Extension(audit), Json(pushed)).into_response())
 }
@@ -139,6 +144,106 @@ pub(super) struct Pushed {
     version: i32,
     /// `false`: these bytes were already the current version.
     created: bool,
+    /// `false`: a shadow candidate, serving nothing until promoted.
+    live: bool,
+}
+
+/// `POST /functions/{name}/promote`: which version to make live.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct Promote {
+    version: i32,
+}
+
+/// `POST /functions/{name}/promote` and `/rollback`: what serves now.
+#[derive(Debug, Serialize)]
+pub(super) struct LiveChanged {
+    name: String,
+    /// The version that served before (null: none did).
+    from: Option<i32>,
+    /// The version that serves now.
+    to: i32,
+}
+
+pub(super) async fn promote(
+    State(state): State<Arc<AppState>>,
+    Path(name): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let bytes = body(raw, state.settings.max_body_bytes)?;
+    let Promote { version } = serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::BadRequest(format!("a promotion is {{\"version\": N}}: {e}")))?;
+    let force = flag(&query, "force")?;
+    let mut store = state.store().await?;
+    let runtime = state.registry.runtime();
+    let change = definitions::promote(&mut store, runtime, &name, version, force)
+        .await
+        .map_err(|error| push_error(&name, error))?;
+    live_changed(&state, &store, name, change).await
+}
+
+pub(super) async fn rollback(
+    State(state): State<Arc<AppState>>,
+    Path(name): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    let force = flag(&query, "force")?;
+    let mut store = state.store().await?;
+    let runtime = state.registry.runtime();
+    let change = definitions::rollback(&mut store, runtime, &name, force)
+        .await
+        .map_err(|error| push_error(&name, error))?;
+    live_changed(&state, &store, name, change).await
+}
+
+/// The answer to a change of what serves, once this process serves it.
+async fn live_changed(
+    state: &AppState,
+    store: &crate::store::Store,
+    name: String,
+    change: crate::store::LiveChange,
+) -> Result<Response, ApiError> {
+    if let Err(error) = state.registry.sync_now(store).await {
+        tracing::warn!(message = "Failed to load a promoted function at once.", function = %name, %error);
+    }
+    let audit = AuditTarget {
+        target: format!("function {name}"),
+        before: change.from,
+        after: Some(change.to),
+    };
+    let answer = LiveChanged {
+        name,
+        from: change.from,
+        to: change.to,
+    };
+    Ok((StatusCode::OK, Extension(audit), Json(answer)).into_response())
+}
+
+/// `GET /functions/{name}/versions/{version}`: the component as pushed.
+pub(super) async fn download(
+    State(state): State<Arc<AppState>>,
+    Path((name, version)): Path<(String, i32)>,
+) -> Result<Response, ApiError> {
+    let store = state.store().await?;
+    let found = store
+        .function_version(&name, version)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("{name} has no version {version}")))?;
+    let disposition = format!("attachment; filename=\"{name}-v{version}.wasm\"");
+    Ok((
+        StatusCode::OK,
+        [
+            (header::CONTENT_TYPE, "application/wasm".to_string()),
+            (header::CONTENT_DISPOSITION, disposition),
+            (
+                header::HeaderName::from_static("x-laurel-sha256"),
+                found.sha256,
+            ),
+        ],
+        found.bytes,
+    )
+        .into_response())
 }
 
 fn push_error(name: &str, error: PushError) -> ApiError {
@@ -149,5 +254,6 @@ fn push_error(name: &str, error: PushError) -> ApiError {
         }
         PushError::Registry(RegistryError::Store(error)) => error.into(),
         PushError::Registry(error) => ApiError::unprocessable(format!("function {name}: {error}")),
+        PushError::NoVersion(message) => ApiError::NotFound(message),
     }
 }

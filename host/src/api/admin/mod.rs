@@ -44,6 +44,12 @@ pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
             "/functions/{name}",
             put(functions::push).layer(DefaultBodyLimit::max(function_limit)),
         )
+        .route("/functions/{name}/promote", post(functions::promote))
+        .route("/functions/{name}/rollback", post(functions::rollback))
+        .route(
+            "/functions/{name}/versions/{version}",
+            get(functions::download),
+        )
         .route("/users/{user_id}/awards", get(users::awards))
         .route("/users/{user_id}/log", get(users::log))
         .route(

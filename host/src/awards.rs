@@ -9,7 +9,7 @@
 //! Backfills (a new or changed award) write markers too, a bounded batch at
 //! a time while the queue is short, so live changes are not starved.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -23,8 +23,8 @@ use crate::metrics;
 use crate::registry::{Binding, Registry};
 use crate::runtime::{Counter, ObjectiveState, Progress, StrategyInstance};
 use crate::store::{
-    AchieveState, AchieveUpdate, ChangedAward, CycleReport, Store, StoreError, Transition,
-    TransitionKind,
+    AchieveState, AchieveUpdate, ChangedAward, Counters, CycleReport, Store, StoreError,
+    Transition, TransitionKind,
 };
 
 /// The awards worker's settings.
@@ -153,6 +153,47 @@ impl AwardPlan {
             Err(error) => vec![Err(error.to_string())],
         }
     }
+}
+
+/// An award's progress for users with these counters (objective id ->
+/// counters), as the worker computes it with `registry`'s strategy.
+/// Synchronous CPU work: call it from a blocking thread.
+pub fn progress_of(
+    definition: &AwardDefinition,
+    registry: &Arc<Registry>,
+    users: &[BTreeMap<String, Counters>],
+) -> Vec<Result<Progress, String>> {
+    let mut plan = AwardPlan::new(definition, 0, registry);
+    let states: Vec<Vec<ObjectiveState>> = users
+        .iter()
+        .map(|objectives| {
+            plan.objectives
+                .iter()
+                .map(|(id, progress_counter)| {
+                    let counters = objectives.get(id);
+                    ObjectiveState {
+                        objective_id: id.clone(),
+                        value: counters
+                            .and_then(|c| c.get(progress_counter))
+                            .copied()
+                            .unwrap_or(0) as f64,
+                        counters: counters
+                            .into_iter()
+                            .flatten()
+                            .map(|(name, value)| Counter {
+                                name: name.clone(),
+                                value: *value,
+                            })
+                            .collect(),
+                    }
+                })
+                .collect()
+        })
+        .collect();
+    if states.is_empty() {
+        return Vec::new();
+    }
+    plan.evaluate(&states)
 }
 
 /// An award's progress for a user who has no counters for it yet (what

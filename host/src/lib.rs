@@ -22,6 +22,7 @@ pub mod runtime;
 pub mod scaffold;
 pub mod secrets;
 pub mod settings;
+pub mod shadow;
 pub mod store;
 pub mod telemetry;
 

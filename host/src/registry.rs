@@ -224,6 +224,28 @@ impl Registry {
         &self.runtime
     }
 
+    /// A fixed copy of what this registry serves, with each of
+    /// `replacements` serving in its name's place: nothing in it moves (no
+    /// database, no background sync). A shadow diff binds candidates here.
+    pub fn with_replaced(&self, replacements: &[Arc<Function>]) -> Arc<Registry> {
+        let mut functions = self
+            .functions
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        for function in replacements {
+            functions.insert(function.name.clone(), Arc::clone(function));
+        }
+        Arc::new(Registry {
+            runtime: self.runtime.clone(),
+            functions: RwLock::new(functions),
+            unloadable: RwLock::new(HashMap::new()),
+            generation: AtomicU64::new(0),
+            changed: Notify::new(),
+            syncing: tokio::sync::Mutex::new(()),
+        })
+    }
+
     /// The current version of `name`.
     pub fn get(&self, name: &str) -> Option<Arc<Function>> {
         self.functions

@@ -21,6 +21,63 @@ async fn store(connections: &Connections) -> anyhow::Result<Store> {
     Ok(store)
 }
 
+/// A diff as a table, each award's users and examples under it.
+fn print_diff(diff: &crate::shadow::Diff) {
+    println!(
+        "{} v{} (live) -> v{} (candidate): {} recent events read",
+        diff.function, diff.live_version, diff.candidate_version, diff.events
+    );
+    if let Some(note) = &diff.note {
+        println!("  not read: {note}");
+    }
+    if diff.awards.is_empty() {
+        println!("no enabled award uses {}", diff.function);
+        return;
+    }
+    println!(
+        "{:<28} {:>7} {:>6} {:>9} {:>9} {:>9} {:>6}",
+        "AWARD", "EVENTS", "USERS", "COUNTERS", "PROGRESS", "COMPLETE", "LOSE"
+    );
+    for award in &diff.awards {
+        println!(
+            "{:<28} {:>7} {:>6} {:>9} {:>9} {:>9} {:>6}",
+            award.award_id,
+            award.events_changed,
+            award.users_seen,
+            award.counters_changed.len(),
+            award.progress_changed.len(),
+            award.would_complete.len(),
+            award.would_lose_completion.len()
+        );
+        let names = |users: &[String]| {
+            let mut shown: Vec<&str> = users.iter().take(20).map(String::as_str).collect();
+            if users.len() > 20 {
+                shown.push("...");
+            }
+            shown.join(", ")
+        };
+        for (what, users) in [
+            ("progress changes", &award.progress_changed),
+            ("would complete", &award.would_complete),
+            ("would lose a completion", &award.would_lose_completion),
+        ] {
+            if !users.is_empty() {
+                println!("  {what}: {}", names(users));
+            }
+        }
+        for example in &award.examples {
+            println!(
+                "  {} ({}, objective {}): {} -> {}",
+                example.event_id,
+                example.user_id,
+                example.objective_id,
+                example.live,
+                example.candidate
+            );
+        }
+    }
+}
+
 /// `NAME now serves vTO (it was vFROM)`.
 fn live_change(name: &str, change: crate::store::LiveChange) -> String {
     match change.from {
@@ -135,6 +192,25 @@ pub(super) async fn functions(
             let mut store = store(connections).await?;
             let change = definitions::rollback(&mut store, &runtime, &name, force).await?;
             println!("{}", live_change(&name, change));
+        }
+        FunctionsCommand::Diff {
+            name,
+            version,
+            events,
+            json,
+            kafka_brokers,
+            sandbox,
+        } => {
+            let store = store(connections).await?;
+            let registry = Registry::start(&connections.database_url, sandbox.runtime()?).await?;
+            let diff =
+                crate::shadow::diff(&store, &registry, &kafka_brokers, &name, version, events)
+                    .await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&diff)?);
+            } else {
+                print_diff(&diff);
+            }
         }
         FunctionsCommand::Get {
             name,

@@ -148,6 +148,27 @@ enum FunctionsCommand {
         #[command(flatten)]
         sandbox: Sandbox,
     },
+    /// What a candidate version of NAME would change before it serves: the
+    /// recent events of every award that uses NAME (from Kafka) through the
+    /// live and the candidate version; per award, the users whose counters
+    /// or progress would change, who would complete or lose a completion.
+    Diff {
+        name: String,
+        /// The candidate [default: the newest version above the live one].
+        #[arg(long)]
+        version: Option<i32>,
+        /// Messages read back per partition of each source.
+        #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(i64).range(1..=1_000_000))]
+        events: i64,
+        /// Print the diff as JSON.
+        #[arg(long)]
+        json: bool,
+        /// Kafka bootstrap servers.
+        #[arg(long, env = "LAUREL_KAFKA_BROKERS", value_name = "HOST:PORT,...")]
+        kafka_brokers: String,
+        #[command(flatten)]
+        sandbox: Sandbox,
+    },
     /// Write a version of NAME's component to a file, as it was pushed.
     Get {
         name: String,

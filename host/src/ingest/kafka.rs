@@ -367,8 +367,31 @@ pub async fn recent_messages(
     key: &str,
     scan: i64,
 ) -> Result<Vec<Vec<u8>>, BrokerError> {
+    recent(brokers, topic, Some(key), scan).await
+}
+
+/// The payloads of the last `scan` messages of each partition of `topic`,
+/// oldest first per partition (what a candidate function is tried on).
+pub async fn recent_payloads(
+    brokers: &str,
+    topic: &str,
+    scan: i64,
+) -> Result<Vec<Vec<u8>>, BrokerError> {
+    recent(brokers, topic, None, scan).await
+}
+
+async fn recent(
+    brokers: &str,
+    topic: &str,
+    key: Option<&str>,
+    scan: i64,
+) -> Result<Vec<Vec<u8>>, BrokerError> {
     const TIMEOUT: Duration = Duration::from_secs(3);
-    let (brokers, topic, key) = (brokers.to_string(), topic.to_string(), key.to_string());
+    let (brokers, topic, key) = (
+        brokers.to_string(),
+        topic.to_string(),
+        key.map(str::to_string),
+    );
     tokio::task::spawn_blocking(move || {
         let consumer: BaseConsumer = client_config(&brokers)
             .set("group.id", "laurel-explain")
@@ -402,7 +425,10 @@ pub async fn recent_messages(
         while !ends.is_empty() && std::time::Instant::now() < deadline {
             match consumer.poll(Duration::from_millis(200)) {
                 Some(Ok(message)) => {
-                    if message.key() == Some(key.as_bytes()) {
+                    if key
+                        .as_ref()
+                        .is_none_or(|key| message.key() == Some(key.as_bytes()))
+                    {
                         found.push(message.payload().unwrap_or_default().to_vec());
                     }
                     if ends

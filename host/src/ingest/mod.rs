@@ -18,7 +18,7 @@ mod verdict;
 
 pub use kafka::{
     BrokerError, EventPublisher, LocalBroker, check_brokers, consumer_lag, producer, publish,
-    recent_messages,
+    recent_messages, recent_payloads,
 };
 pub use plan::{Evaluation, Plan, Scope};
 pub use replay::{ReplayReport, replay};

@@ -829,7 +829,7 @@ async fn admin_api_uploads_and_lists_functions() {
     assert_eq!(created.status, 201, "{}", created.body);
     assert_eq!(
         created.body,
-        json!({"name": "AcceptAll", "kind": "filter", "version": 1, "created": true})
+        json!({"name": "AcceptAll", "kind": "filter", "version": 1, "created": true, "live": true})
     );
     let again = upload("application/wasm", wasm.clone(), "").await;
     assert_eq!(

@@ -25,6 +25,7 @@ mod proxy;
 mod quickstart;
 mod registry;
 mod secrets;
+mod shadow;
 mod stream_goes_on;
 mod support;
 mod tokens;

@@ -280,6 +280,15 @@ async fn answers_match_the_documented_bodies_both_ways() {
         )
         .await;
     assert_eq!(shadow.body["live"], false, "{}", shadow.body);
+    let diff = c
+        .admin(
+            "GET",
+            "/functions/{name}/diff",
+            "/functions/openapi-filter/diff",
+            None,
+        )
+        .await;
+    assert_eq!(diff.body["candidate_version"], 2, "{}", diff.body);
     let promoted = c
         .admin(
             "POST",

@@ -220,6 +220,49 @@ async fn live_changed(
     Ok((StatusCode::OK, Extension(audit), Json(answer)).into_response())
 }
 
+/// `GET /functions/{name}/diff[?version=V][&events=N]`: what a candidate
+/// would change (see `crate::shadow`).
+pub(super) async fn diff(
+    State(state): State<Arc<AppState>>,
+    Path(name): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Result<Json<crate::shadow::Diff>, ApiError> {
+    let number = |key: &str, max: i64| -> Result<Option<i64>, ApiError> {
+        query
+            .get(key)
+            .map(|v| {
+                v.parse::<i64>()
+                    .ok()
+                    .filter(|n| (1..=max).contains(n))
+                    .ok_or_else(|| {
+                        ApiError::BadRequest(format!(
+                            "query parameter {key} must be a whole number from 1 to {max}, not {v:?}"
+                        ))
+                    })
+            })
+            .transpose()
+    };
+    let version = number("version", i64::from(i32::MAX))?.map(|v| v as i32);
+    let events = number("events", 1_000_000)?.unwrap_or(10_000);
+    let Some(brokers) = state.settings.kafka_brokers.clone() else {
+        return Err(ApiError::Unavailable(
+            "this process has no Kafka brokers configured: a diff reads recent events from Kafka"
+                .into(),
+        ));
+    };
+    let store = state.store().await?;
+    crate::shadow::diff(&store, &state.registry, &brokers, &name, version, events)
+        .await
+        .map(Json)
+        .map_err(|error| match error {
+            crate::shadow::DiffError::NoCandidate(message) => ApiError::NotFound(message),
+            crate::shadow::DiffError::Store(error) => error.into(),
+            crate::shadow::DiffError::Load(error) => {
+                ApiError::unprocessable(format!("function {name}: {error}"))
+            }
+        })
+}
+
 /// `GET /functions/{name}/versions/{version}`: the component as pushed.
 pub(super) async fn download(
     State(state): State<Arc<AppState>>,

@@ -46,6 +46,7 @@ pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
         )
         .route("/functions/{name}/promote", post(functions::promote))
         .route("/functions/{name}/rollback", post(functions::rollback))
+        .route("/functions/{name}/diff", get(functions::diff))
         .route(
             "/functions/{name}/versions/{version}",
             get(functions::download),

@@ -191,13 +191,24 @@ fn bare(brokers: &str, count: usize) {
         .build()
         .unwrap();
     rt.block_on(async {
-        let consumer: StreamConsumer = ClientConfig::new()
+        let mut config = ClientConfig::new();
+        config
             .set("bootstrap.servers", brokers)
             .set("group.id", "bench.bare")
             .set("enable.auto.commit", "false")
-            .set("auto.offset.reset", "earliest")
-            .create()
-            .unwrap();
+            .set("auto.offset.reset", "earliest");
+        // `LAUREL_BENCH_BARE_SET="key=value;..."`: settings of the
+        // pre-filter's consumer tried on the bare one, to find what costs.
+        for setting in std::env::var("LAUREL_BENCH_BARE_SET")
+            .unwrap_or_default()
+            .split(';')
+            .filter(|s| !s.is_empty())
+        {
+            let (key, value) = setting.split_once('=').expect("key=value");
+            config.set(key, value);
+        }
+        let detach = std::env::var_os("LAUREL_BENCH_BARE_DETACH").is_some();
+        let consumer: StreamConsumer = config.create().unwrap();
         consumer.subscribe(&[TOPIC]).unwrap();
         let mut seen = 0usize;
         let mut bytes = 0usize;
@@ -205,7 +216,11 @@ fn bare(brokers: &str, count: usize) {
         while seen < count {
             let message = consumer.recv().await.unwrap();
             started.get_or_insert_with(Instant::now);
-            bytes += message.payload().map_or(0, <[u8]>::len);
+            if detach {
+                bytes += black_box(message.detach()).payload().map_or(0, <[u8]>::len);
+            } else {
+                bytes += message.payload().map_or(0, <[u8]>::len);
+            }
             seen += 1;
         }
         let elapsed = started.unwrap().elapsed().as_secs_f64();

@@ -292,6 +292,28 @@ pub async fn apply(
     registry: &Arc<Registry>,
     text: &str,
 ) -> Result<Vec<(String, i32)>, ApplyError> {
+    let (definitions, sources) = check(store, registry, text).await?;
+    let rows: Vec<(String, Value, bool)> = definitions
+        .iter()
+        .map(|d| {
+            (
+                d.id.clone(),
+                serde_json::to_value(d).expect("a definition serializes"),
+                d.enabled,
+            )
+        })
+        .collect();
+    let sources: Vec<String> = sources.into_iter().collect();
+    Ok(store.apply_awards(&rows, &sources).await?)
+}
+
+/// Parses and checks definitions as [`apply`] does, writing nothing: the
+/// definitions and the sources they name.
+pub async fn check(
+    store: &crate::store::Store,
+    registry: &Arc<Registry>,
+    text: &str,
+) -> Result<(Vec<AwardDefinition>, BTreeSet<String>), ApplyError> {
     let definitions = parse(text)?;
     // The versions in the database now, even those pushed by another
     // process whose notification has not arrived: a push that answered is
@@ -315,18 +337,7 @@ pub async fn apply(
             return Err(invalid("?", format!("checking the definitions failed: {join}")).into());
         }
     };
-    let rows: Vec<(String, Value, bool)> = definitions
-        .iter()
-        .map(|d| {
-            (
-                d.id.clone(),
-                serde_json::to_value(d).expect("a definition serializes"),
-                d.enabled,
-            )
-        })
-        .collect();
-    let sources: Vec<String> = sources.into_iter().collect();
-    Ok(store.apply_awards(&rows, &sources).await?)
+    Ok((definitions, sources))
 }
 
 /// Why a checked push failed.

@@ -9,6 +9,9 @@
 //! stored, moved by the difference the candidate makes on the window
 //! (content items by their last event in it, analytics events added).
 //! Items that share a de-duplication key are counted as separate here.
+//!
+//! `laurel awards apply --dry-run` compares the same way: a changed award
+//! definition against the one that is live (a new one against no award).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -17,7 +20,6 @@ use crate::definitions::AwardDefinition;
 use crate::event::Envelope;
 use crate::ingest::{Plan, Verdict};
 use crate::registry::Registry;
-use crate::runtime::Function;
 use crate::store::{Counters, Store};
 
 /// Examples of changed verdicts shown per award.
@@ -128,7 +130,87 @@ pub async fn diff(
         .filter(|award| uses(award, name))
         .collect();
 
-    // The recent events of every source these awards can see.
+    let (envelopes, note) = recent_events(store, brokers, per_partition).await?;
+    let shadow = registry.with_replaced(&[Arc::clone(&candidate)]);
+    let mut diffs = Vec::with_capacity(awards.len());
+    for award in &awards {
+        let before = Side {
+            award,
+            registry: Arc::clone(registry),
+        };
+        let after = Side {
+            award,
+            registry: Arc::clone(&shadow),
+        };
+        diffs.push(compare(store, Some(before), after, &envelopes).await?);
+    }
+    Ok(Diff {
+        function: name.to_string(),
+        live_version,
+        candidate_version: version,
+        events: envelopes.len(),
+        awards: diffs,
+        note,
+    })
+}
+
+/// What `laurel awards apply --dry-run` shows: for each definition, what
+/// it would change against the award as it is now (or, for a new award,
+/// against no award), on the same window of recent events.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DryRun {
+    /// Recent events read from the sources.
+    pub events: usize,
+    pub awards: Vec<AwardDiff>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// Diffs checked `definitions` against the enabled awards they replace.
+pub async fn dry_run(
+    store: &Store,
+    registry: &Arc<Registry>,
+    brokers: &str,
+    definitions: &[AwardDefinition],
+    per_partition: i64,
+) -> Result<DryRun, DiffError> {
+    let current: Vec<AwardDefinition> = store
+        .awards()
+        .await?
+        .into_iter()
+        .filter(|row| row.enabled)
+        .filter_map(|row| serde_json::from_value::<AwardDefinition>(row.definition).ok())
+        .collect();
+    let (envelopes, note) = recent_events(store, brokers, per_partition).await?;
+    let mut awards = Vec::with_capacity(definitions.len());
+    for definition in definitions {
+        let before = current
+            .iter()
+            .find(|c| c.id == definition.id)
+            .map(|award| Side {
+                award,
+                registry: Arc::clone(registry),
+            });
+        let after = Side {
+            award: definition,
+            registry: Arc::clone(registry),
+        };
+        awards.push(compare(store, before, after, &envelopes).await?);
+    }
+    Ok(DryRun {
+        events: envelopes.len(),
+        awards,
+        note,
+    })
+}
+
+/// The recent events of every registered source, oldest first, and what
+/// could not be read.
+async fn recent_events(
+    store: &Store,
+    brokers: &str,
+    per_partition: i64,
+) -> Result<(Vec<Envelope>, Option<String>), DiffError> {
     let sources = store.sources().await?;
     let mut envelopes = Vec::new();
     let mut problems = Vec::new();
@@ -141,29 +223,48 @@ pub async fn diff(
         }
     }
     envelopes.sort_by_key(|e| e.occurred_at);
+    Ok((
+        envelopes,
+        (!problems.is_empty()).then(|| problems.join("; ")),
+    ))
+}
 
-    let mut diffs = Vec::with_capacity(awards.len());
-    for award in awards {
-        let live = Arc::clone(registry);
-        let shadow = registry.with_replaced(&[Arc::clone(&candidate)]);
-        let (events, definition) = (envelopes.clone(), award.clone());
-        let window = tokio::task::spawn_blocking(move || {
-            let live_verdicts = Plan::for_award(&definition, &live).verdicts(&events);
-            let shadow_verdicts = Plan::for_award(&definition, &shadow).verdicts(&events);
-            Window::new(&definition, &events, &live_verdicts, &shadow_verdicts)
-        })
-        .await
-        .map_err(|e| DiffError::NoCandidate(format!("evaluating the events failed: {e}")))?;
-        diffs.push(award_diff(store, registry, &candidate, &award, window).await?);
-    }
-    Ok(Diff {
-        function: name.to_string(),
-        live_version,
-        candidate_version: version,
-        events: envelopes.len(),
-        awards: diffs,
-        note: (!problems.is_empty()).then(|| problems.join("; ")),
+/// An award as one side of a comparison sees it: its definition and the
+/// functions it binds.
+struct Side<'a> {
+    award: &'a AwardDefinition,
+    registry: Arc<Registry>,
+}
+
+/// What `after` changes against `before` (none: the award does not exist
+/// yet) on `events`.
+async fn compare(
+    store: &Store,
+    before: Option<Side<'_>>,
+    after: Side<'_>,
+    events: &[Envelope],
+) -> Result<AwardDiff, DiffError> {
+    let owned_before = before
+        .as_ref()
+        .map(|b| (b.award.clone(), Arc::clone(&b.registry)));
+    let owned_after = (after.award.clone(), Arc::clone(&after.registry));
+    let events_owned = events.to_vec();
+    let window = tokio::task::spawn_blocking(move || {
+        let before = owned_before.map(|(award, registry)| {
+            let verdicts = Plan::for_award(&award, &registry).verdicts(&events_owned);
+            (award, verdicts)
+        });
+        let (award, registry) = owned_after;
+        let verdicts = Plan::for_award(&award, &registry).verdicts(&events_owned);
+        Window::new(
+            &events_owned,
+            before.as_ref().map(|(a, v)| (a, v.as_slice())),
+            (&award, &verdicts),
+        )
     })
+    .await
+    .map_err(|e| DiffError::NoCandidate(format!("evaluating the events failed: {e}")))?;
+    award_diff(store, before, after, window).await
 }
 
 /// Whether `award` names `function` as a filter, rule or strategy.
@@ -186,10 +287,9 @@ struct Window {
 
 impl Window {
     fn new(
-        award: &AwardDefinition,
         events: &[Envelope],
-        live: &[Vec<Verdict>],
-        shadow: &[Vec<Verdict>],
+        before: Option<(&AwardDefinition, &[Vec<Verdict>])>,
+        after: (&AwardDefinition, &[Vec<Verdict>]),
     ) -> Window {
         let mut window = Window {
             live: BTreeMap::new(),
@@ -198,28 +298,42 @@ impl Window {
             examples: Vec::new(),
         };
         let mut changed = BTreeSet::new();
-        for (objective, (live, shadow)) in award.objectives.iter().zip(live.iter().zip(shadow)) {
-            for (at, (l, s)) in live.iter().zip(shadow).enumerate() {
-                if l != s {
-                    changed.insert(at);
-                    if window.examples.len() < EXAMPLES {
-                        window.examples.push(Example {
-                            user_id: events[at].user_id.clone(),
-                            event_id: events[at].id.clone(),
-                            objective_id: objective.id.clone(),
-                            live: l.to_string(),
-                            candidate: s.to_string(),
-                        });
+        let (after_award, after_verdicts) = after;
+        if let Some((before_award, before_verdicts)) = before {
+            for (objective, live) in before_award.objectives.iter().zip(before_verdicts) {
+                for (user, counters) in counted(events, live) {
+                    window
+                        .live
+                        .entry(user)
+                        .or_default()
+                        .insert(objective.id.clone(), counters);
+                }
+                // The same objective after, if it is still there.
+                let Some(shadow) = after_award
+                    .objectives
+                    .iter()
+                    .position(|o| o.id == objective.id)
+                    .map(|at| &after_verdicts[at])
+                else {
+                    continue;
+                };
+                for (at, (l, s)) in live.iter().zip(shadow).enumerate() {
+                    if l != s {
+                        changed.insert(at);
+                        if window.examples.len() < EXAMPLES {
+                            window.examples.push(Example {
+                                user_id: events[at].user_id.clone(),
+                                event_id: events[at].id.clone(),
+                                objective_id: objective.id.clone(),
+                                live: l.to_string(),
+                                candidate: s.to_string(),
+                            });
+                        }
                     }
                 }
             }
-            for (user, counters) in counted(events, live) {
-                window
-                    .live
-                    .entry(user)
-                    .or_default()
-                    .insert(objective.id.clone(), counters);
-            }
+        }
+        for (objective, shadow) in after_award.objectives.iter().zip(after_verdicts) {
             for (user, counters) in counted(events, shadow) {
                 window
                     .shadow
@@ -277,14 +391,24 @@ fn nonzero(counters: &Counters) -> Counters {
 
 async fn award_diff(
     store: &Store,
-    registry: &Arc<Registry>,
-    candidate: &Arc<Function>,
-    award: &AwardDefinition,
+    before: Option<Side<'_>>,
+    after: Side<'_>,
     window: Window,
 ) -> Result<AwardDiff, DiffError> {
+    let award = after.award;
     let users: BTreeSet<&String> = window.live.keys().chain(window.shadow.keys()).collect();
     let users_seen = users.len();
-    let strategy_changes = award.strategy_function == candidate.name;
+    // A strategy (function or config) that differs moves progress without
+    // moving counters.
+    let same_function = |a: &Registry, b: &Registry, name: &str| match (a.get(name), b.get(name)) {
+        (Some(x), Some(y)) => Arc::ptr_eq(&x, &y),
+        (x, y) => x.is_none() && y.is_none(),
+    };
+    let strategy_changes = before.as_ref().is_none_or(|b| {
+        b.award.strategy_function != award.strategy_function
+            || b.award.strategy != award.strategy
+            || !same_function(&b.registry, &after.registry, &award.strategy_function)
+    });
     let empty = BTreeMap::new();
     // (user, stored counters, with the candidate's difference)
     let mut compared = Vec::new();
@@ -319,20 +443,29 @@ async fn award_diff(
         }
         compared.push((user.clone(), stored, with_candidate));
     }
-    let (live_registry, shadow_registry) = (
-        Arc::clone(registry),
-        registry.with_replaced(&[Arc::clone(candidate)]),
-    );
-    let definition = award.clone();
+    let before = before.map(|b| (b.award.clone(), b.registry));
+    let after = (award.clone(), after.registry);
     let progress = tokio::task::spawn_blocking(move || {
-        let before: Vec<_> = compared.iter().map(|(_, s, _)| s.clone()).collect();
-        let after: Vec<_> = compared.iter().map(|(_, _, c)| c.clone()).collect();
-        let before = crate::awards::progress_of(&definition, &live_registry, &before);
-        let after = crate::awards::progress_of(&definition, &shadow_registry, &after);
+        let stored: Vec<_> = compared.iter().map(|(_, s, _)| s.clone()).collect();
+        let moved: Vec<_> = compared.iter().map(|(_, _, c)| c.clone()).collect();
+        let was = match &before {
+            Some((award, registry)) => crate::awards::progress_of(award, registry, &stored),
+            // No award yet: nothing started.
+            None => vec![
+                Ok(crate::runtime::Progress {
+                    progress: 0.0,
+                    goal: 0.0,
+                    started: false,
+                    completed: false,
+                });
+                stored.len()
+            ],
+        };
+        let will_be = crate::awards::progress_of(&after.0, &after.1, &moved);
         compared
             .into_iter()
             .map(|(user, _, _)| user)
-            .zip(before.into_iter().zip(after))
+            .zip(was.into_iter().zip(will_be))
             .collect::<Vec<_>>()
     })
     .await
@@ -356,6 +489,7 @@ async fn award_diff(
             }
         };
         if before.progress != after.progress || before.completed != after.completed {
+            // (A new award's "before" is nothing started.)
             diff.progress_changed.push(user.clone());
         }
         match (before.completed, after.completed) {

@@ -34,11 +34,16 @@ fn print_diff(diff: &crate::shadow::Diff) {
         println!("no enabled award uses {}", diff.function);
         return;
     }
+    print_award_diffs(&diff.awards);
+}
+
+/// Per award: what would change, the users named, examples.
+fn print_award_diffs(awards: &[crate::shadow::AwardDiff]) {
     println!(
         "{:<28} {:>7} {:>6} {:>9} {:>9} {:>9} {:>6}",
         "AWARD", "EVENTS", "USERS", "COUNTERS", "PROGRESS", "COMPLETE", "LOSE"
     );
-    for award in &diff.awards {
+    for award in awards {
         println!(
             "{:<28} {:>7} {:>6} {:>9} {:>9} {:>9} {:>6}",
             award.award_id,
@@ -325,11 +330,49 @@ pub(super) async fn awards(
     command: AwardsCommand,
 ) -> anyhow::Result<()> {
     match command {
-        AwardsCommand::Apply { file, sandbox } => {
+        AwardsCommand::Apply {
+            file,
+            dry_run: false,
+            sandbox,
+            ..
+        } => {
             let (text, registry, mut store) = definition_file(connections, &file, &sandbox).await?;
             let applied = definitions::apply(&mut store, &registry, &text).await?;
             for (id, version) in applied {
                 println!("applied {id} v{version}");
+            }
+        }
+        AwardsCommand::Apply {
+            file,
+            dry_run: true,
+            events,
+            json,
+            kafka_brokers,
+            sandbox,
+        } => {
+            let (text, registry, store) = definition_file(connections, &file, &sandbox).await?;
+            let (checked, _) = definitions::check(&store, &registry, &text).await?;
+            let ids: Vec<&str> = checked.iter().map(|d| d.id.as_str()).collect();
+            let Some(brokers) = kafka_brokers else {
+                println!(
+                    "checked {} (nothing written); no Kafka brokers (LAUREL_KAFKA_BROKERS), so nothing compared",
+                    ids.join(", ")
+                );
+                return Ok(());
+            };
+            let dry = crate::shadow::dry_run(&store, &registry, &brokers, &checked, events).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&dry)?);
+            } else {
+                println!(
+                    "checked {} (nothing written): {} recent events read",
+                    ids.join(", "),
+                    dry.events
+                );
+                if let Some(note) = &dry.note {
+                    println!("  not read: {note}");
+                }
+                print_award_diffs(&dry.awards);
             }
         }
         AwardsCommand::List => {

@@ -228,6 +228,20 @@ enum AwardsCommand {
     Apply {
         /// A JSON file: one award definition or an array of them.
         file: PathBuf,
+        /// Check and compare only, writing nothing: per award, what would
+        /// change against the award as it is now, on the recent events of
+        /// its sources (with LAUREL_KAFKA_BROKERS; without, only checked).
+        #[arg(long)]
+        dry_run: bool,
+        /// Messages read back per partition of each source (--dry-run).
+        #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(i64).range(1..=1_000_000))]
+        events: i64,
+        /// Print the dry run as JSON.
+        #[arg(long, requires = "dry_run")]
+        json: bool,
+        /// Kafka bootstrap servers (--dry-run).
+        #[arg(long, env = "LAUREL_KAFKA_BROKERS", value_name = "HOST:PORT,...")]
+        kafka_brokers: Option<String>,
         #[command(flatten)]
         sandbox: Sandbox,
     },

@@ -81,6 +81,56 @@ async fn a_shadow_filter_diff_names_exactly_the_users_it_would_change_and_nothin
         );
     }
 
+    // The same change as an award definition, dry run: the gate becomes
+    // FieldFilter in the award itself; and a new award, "fan", that two
+    // reviews of any rating complete. Nothing is written.
+    let dir = std::env::temp_dir().join(format!("laurel-dry-run-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("awards.json");
+    let changed = AWARDS.replace(r#""name": "Gate""#, r#""name": "FieldFilter""#);
+    let mut definitions: Vec<Value> = serde_json::from_str(&changed).unwrap();
+    definitions.push(json!({"id": "fan", "title": "Fan",
+        "objectives": [{"id": "reviews",
+          "filters": [{"name": "SourceFilter", "config": {"sources": ["reviews"]}},
+                      {"name": "EventTypeFilter", "config": {"types": ["reviews.changed"]}}],
+          "rule": {"name": "CountRule", "config": {"counter": "count"}},
+          "progress_counter": "count"}],
+        "strategy": {"goal": 2, "strategy": [{"objective_id": "reviews"}]}}));
+    std::fs::write(&file, Value::Array(definitions).to_string()).unwrap();
+    let output = laurel(&p)
+        .args(["awards", "apply", "--dry-run", "--json"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let dry: Value = serde_json::from_str(&stdout).unwrap();
+    let critic = &dry["awards"][0];
+    assert_eq!(critic["award_id"], "critic", "{dry}");
+    let fan = &dry["awards"][1];
+    assert_eq!(fan["award_id"], "fan", "{dry}");
+    let two_or_more: BTreeSet<String> = ratings
+        .iter()
+        .filter(|(_, l)| l.len() >= 2)
+        .map(|(u, _)| u.to_string())
+        .collect();
+    assert_eq!(users(&fan["would_complete"]), two_or_more, "{dry}");
+    let awards = p.db.store().await.awards().await.unwrap();
+    assert_eq!(
+        awards
+            .iter()
+            .map(|a| (a.id.as_str(), a.version))
+            .filter(|(id, _)| *id != "test-markers")
+            .collect::<Vec<_>>(),
+        vec![("critic", 1)],
+        "a dry run writes nothing"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+
     // The candidate: the built-in FieldFilter, pushed as Gate's shadow.
     let mut store = p.db.store().await;
     let field_filter = laurel::library::builtin("FieldFilter").unwrap().bytes;
@@ -107,6 +157,9 @@ async fn a_shadow_filter_diff_names_exactly_the_users_it_would_change_and_nothin
         }
     }
     assert_eq!(lose.len(), 2, "the case covers losing a completion");
+    assert_eq!(users(&critic["counters_changed"]), counters_change, "{dry}");
+    assert_eq!(users(&critic["progress_changed"]), progress_change, "{dry}");
+    assert_eq!(users(&critic["would_lose_completion"]), lose, "{dry}");
 
     let output = laurel(&p)
         .args(["functions", "diff", "Gate", "--json"])

@@ -330,7 +330,14 @@ impl AppState {
     ) -> anyhow::Result<()> {
         for route in &manifest.routes {
             let prefix = route.pattern.trim_end_matches("/...");
-            for own in ["/v1", "/admin", "/healthz", "/metrics", "/openapi.json"] {
+            for own in [
+                "/v1",
+                "/admin",
+                "/healthz",
+                "/metrics",
+                "/openapi.json",
+                "/schemas",
+            ] {
                 // A catch-all (`/...`) only gets what Laurel's routes leave.
                 let overlaps = !prefix.is_empty()
                     && (prefix == own
@@ -397,6 +404,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .nest("/admin/v1", admin::routes(state.clone()))
         .route("/healthz", get(healthz))
         .route("/openapi.json", get(openapi))
+        .route("/schemas/{name}", get(schema))
         .route("/metrics", get(metrics))
         .fallback(http_function)
         .method_not_allowed_fallback(wrong_method)
@@ -548,6 +556,28 @@ async fn openapi() -> Response {
         OPENAPI,
     )
         .into_response()
+}
+
+/// The JSON Schemas of what Laurel takes, as served at `/schemas/NAME`:
+/// the award definition, the event envelope and the fixture lines.
+pub const SCHEMAS: [(&str, &str); 3] = [
+    ("award.json", include_str!("schemas/award.json")),
+    ("event.json", include_str!("schemas/event.json")),
+    ("fixture.json", include_str!("schemas/fixture.json")),
+];
+
+async fn schema(axum::extract::Path(name): axum::extract::Path<String>) -> Response {
+    match SCHEMAS.iter().find(|(file, _)| *file == name) {
+        Some((_, text)) => (
+            [(axum::http::header::CONTENT_TYPE, "application/schema+json")],
+            *text,
+        )
+            .into_response(),
+        None => ApiError::NotFound(format!(
+            "no schema named {name:?} (award.json, event.json, fixture.json)"
+        ))
+        .into_response(),
+    }
 }
 
 pub(super) async fn no_route(request: Request) -> ApiError {

@@ -24,6 +24,7 @@ mod processes;
 mod proxy;
 mod quickstart;
 mod registry;
+mod schemas;
 mod secrets;
 mod shadow;
 mod stream_goes_on;

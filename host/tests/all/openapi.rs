@@ -320,6 +320,21 @@ async fn answers_match_the_documented_bodies_both_ways() {
         )
         .await;
     assert_eq!(component.status, 200);
+    for (name, text) in laurel::api::SCHEMAS {
+        let served = c
+            .server
+            .call("GET", &format!("/schemas/{name}"), None, None)
+            .await;
+        assert_eq!(served.status, 200, "{name}");
+        assert_eq!(served.content_type, "application/schema+json", "{name}");
+        assert_eq!(
+            served.body,
+            serde_json::from_str::<Value>(text).unwrap(),
+            "{name}"
+        );
+    }
+    let missing = c.server.call("GET", "/schemas/nope.json", None, None).await;
+    assert_eq!(missing.status, 404);
     c.admin(
         "POST",
         "/sources/{name}/pause",

@@ -1,0 +1,221 @@
+//! The JSON Schemas served at `/schemas/*.json` against what Laurel
+//! really accepts: for award definitions and event envelopes, a corpus of
+//! accepted and refused documents gets the same verdict from the schema as
+//! from Laurel's own checks; every line of the built-ins' fixtures fits
+//! the fixture schema of its function's kind.
+
+use std::path::Path;
+
+use laurel::event::Envelope;
+use laurel::registry::Registry;
+use laurel::runtime::FunctionKind;
+use serde_json::{Value, json};
+
+use crate::support::{self, TestDb};
+
+fn schema(name: &str) -> Value {
+    let (_, text) = laurel::api::SCHEMAS
+        .iter()
+        .find(|(file, _)| *file == name)
+        .unwrap_or_else(|| panic!("no schema {name}"));
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("{name} is not JSON: {e}"))
+}
+
+fn validator(schema: &Value) -> jsonschema::Validator {
+    jsonschema::options()
+        .should_validate_formats(true)
+        .build(schema)
+        .unwrap_or_else(|e| panic!("not a valid schema: {e}"))
+}
+
+fn errors(validator: &jsonschema::Validator, value: &Value) -> Vec<String> {
+    validator
+        .iter_errors(value)
+        .map(|e| e.to_string())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_award_schema_accepts_what_laurel_accepts_and_refuses_what_it_refuses() {
+    let db = TestDb::new().await;
+    let mut store = db.store().await;
+    laurel::library::register(&mut store, &support::runtime())
+        .await
+        .unwrap();
+    let registry = Registry::start(&db.url, support::runtime()).await.unwrap();
+    let award = validator(&schema("award.json"));
+    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("demo");
+    let mut corpus: Vec<Value> = Vec::new();
+    for file in ["content-maker.json", "three-of-either.json"] {
+        let text = std::fs::read_to_string(demo.join(file)).unwrap();
+        match serde_json::from_str::<Value>(&text).unwrap() {
+            Value::Array(all) => corpus.extend(all),
+            one => corpus.push(one),
+        }
+    }
+    let good = corpus[0].clone();
+    let changed = |change: &dyn Fn(&mut Value)| {
+        let mut value = good.clone();
+        change(&mut value);
+        value
+    };
+    corpus.extend([
+        changed(&|v| v["revocation"] = json!("sticky")),
+        changed(&|v| v["enabled"] = json!(false)),
+        changed(&|v| {
+            v.as_object_mut().unwrap().remove("title");
+        }),
+        changed(&|v| v["title"] = json!("   ")),
+        changed(&|v| v["id"] = json!("-starts-with-a-dash")),
+        changed(&|v| v["id"] = json!("x".repeat(129))),
+        changed(&|v| v["objectives"] = json!([])),
+        changed(&|v| v["revocation"] = json!("forever")),
+        changed(&|v| v["colour"] = json!("gold")),
+        changed(&|v| v["objectives"][0]["progress_counter"] = json!("")),
+        changed(&|v| {
+            v["objectives"][0].as_object_mut().unwrap().remove("rule");
+        }),
+        changed(&|v| v["objectives"][0]["rule"]["version"] = json!(2)),
+        changed(&|v| v["objectives"][0]["id"] = json!("has space")),
+        changed(&|v| v["enabled"] = json!("yes")),
+    ]);
+    let mut disagreements = Vec::new();
+    let (mut accepted, mut refused) = (0, 0);
+    for definition in &corpus {
+        let laurel_accepts = laurel::definitions::parse(&definition.to_string())
+            .map_err(|e| e.to_string())
+            .and_then(|parsed| {
+                laurel::definitions::validate(&parsed, &registry).map_err(|e| e.to_string())
+            });
+        let schema_errors = errors(&award, definition);
+        match (&laurel_accepts, schema_errors.is_empty()) {
+            (Ok(_), true) => accepted += 1,
+            (Err(_), false) => refused += 1,
+            (verdict, _) => disagreements.push(format!(
+                "{definition}\n  laurel: {verdict:?}\n  schema: {schema_errors:?}"
+            )),
+        }
+    }
+    assert!(disagreements.is_empty(), "{}", disagreements.join("\n"));
+    assert!(
+        accepted >= 3 && refused >= 10,
+        "{accepted} accepted, {refused} refused"
+    );
+}
+
+#[test]
+fn the_event_schema_accepts_what_ingest_accepts_and_refuses_what_it_refuses() {
+    let event = validator(&schema("event.json"));
+    let good = json!({"id": "e-1", "source": "photos", "type": "photo.created", "user_id": "u-1",
+        "authorized": true, "content_id": "p-1", "status": "active",
+        "occurred_at": "2026-12-01T10:00:00Z", "payload": {"width": 800, "tags": ["a", {"b": null}]}});
+    let changed = |change: &dyn Fn(&mut Value)| {
+        let mut value = good.clone();
+        change(&mut value);
+        value
+    };
+    let mut corpus = vec![
+        good.clone(),
+        changed(&|v| {
+            v.as_object_mut().unwrap().remove("payload");
+        }),
+        changed(&|v| v["content_id"] = Value::Null),
+        changed(&|v| v["occurred_at"] = json!("2026-12-01T10:00:00.123456+02:00")),
+        changed(&|v| v["payload"]["big"] = json!(9_007_199_254_740_992_i64)),
+        changed(&|v| {
+            v.as_object_mut().unwrap().remove("id");
+        }),
+        changed(&|v| v["id"] = json!("")),
+        changed(&|v| v["user_id"] = json!("u\u{0}1")),
+        changed(&|v| v["id"] = json!("i".repeat(513))),
+        changed(&|v| v["type"] = json!("t".repeat(257))),
+        changed(&|v| v["status"] = json!("s\u{0}")),
+        changed(&|v| v["authorized"] = json!("true")),
+        changed(&|v| v["occurred_at"] = json!("yesterday")),
+        changed(&|v| v["payload"] = json!([1, 2])),
+        changed(&|v| v["payload"]["huge"] = json!(18_014_398_509_481_984_i64)),
+        changed(&|v| v["payload"]["deep"] = json!({"k\u{0}": 1})),
+        changed(&|v| v["payload"]["text"] = json!("nul \u{0} inside")),
+    ];
+    // Every event of the built-ins' filter and rule cases.
+    let cases = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cases");
+    for builtin in laurel::library::BUILTINS {
+        if !matches!(builtin.kind, FunctionKind::Filter | FunctionKind::Rule) {
+            continue;
+        }
+        for case in std::fs::read_dir(cases.join(builtin.name)).unwrap() {
+            let input = case.unwrap().path().join("input.jsonl");
+            if let Ok(text) = std::fs::read_to_string(&input) {
+                corpus.extend(
+                    text.lines()
+                        .map(|l| serde_json::from_str::<Value>(l).unwrap()),
+                );
+            }
+        }
+    }
+    let mut disagreements = Vec::new();
+    let (mut accepted, mut refused) = (0, 0);
+    for value in &corpus {
+        let laurel_accepts = Envelope::parse(value.to_string().as_bytes()).map(drop);
+        let schema_errors = errors(&event, value);
+        match (&laurel_accepts, schema_errors.is_empty()) {
+            (Ok(()), true) => accepted += 1,
+            (Err(_), false) => refused += 1,
+            (verdict, _) => disagreements.push(format!(
+                "{value}\n  ingest: {verdict:?}\n  schema: {schema_errors:?}"
+            )),
+        }
+    }
+    assert!(disagreements.is_empty(), "{}", disagreements.join("\n"));
+    assert!(
+        accepted >= 20 && refused >= 12,
+        "{accepted} accepted, {refused} refused"
+    );
+}
+
+#[test]
+fn every_line_of_the_builtin_fixtures_fits_the_fixture_schema_of_its_kind() {
+    let fixture = schema("fixture.json");
+    let of = |definition: &str| {
+        let mut wrapper = fixture.clone();
+        wrapper["$ref"] = json!(format!("#/$defs/{definition}"));
+        validator(&wrapper)
+    };
+    let cases = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cases");
+    let mut lines = 0;
+    let mut problems = Vec::new();
+    for builtin in laurel::library::BUILTINS {
+        let kind = builtin.kind.as_str();
+        let (input, expected) = (
+            of(&format!("{kind}_input")),
+            of(&format!("{kind}_expected")),
+        );
+        for case in std::fs::read_dir(cases.join(builtin.name)).unwrap() {
+            let case = case.unwrap().path();
+            for (file, validator) in [("input.jsonl", &input), ("expected.jsonl", &expected)] {
+                let Ok(text) = std::fs::read_to_string(case.join(file)) else {
+                    continue;
+                };
+                for (n, line) in text
+                    .lines()
+                    .enumerate()
+                    .filter(|(_, l)| !l.trim().is_empty())
+                {
+                    lines += 1;
+                    let value: Value = serde_json::from_str(line).unwrap();
+                    for error in errors(validator, &value) {
+                        problems.push(format!("{}/{file}:{}: {error}", case.display(), n + 1));
+                    }
+                }
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    assert!(lines > 150, "only {lines} lines");
+    // And a wrong answer does not fit.
+    assert!(
+        !of("rule_expected")
+            .is_valid(&json!({"counters": {"n": 1.5}, "dedup_key": null, "additive": false}))
+    );
+    assert!(!of("strategy_expected").is_valid(&json!({"progress": 1})));
+}

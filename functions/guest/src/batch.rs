@@ -21,20 +21,30 @@ const TEXT: u32 = 4;
 /// A payload scalar, borrowed from its batch.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Value<'a> {
+    /// JSON `null`.
     Null,
+    /// JSON `true` or `false`.
     Boolean(bool),
+    /// A JSON number (the host admits none beyond 2^53 in size).
     Number(f64),
+    /// A JSON string.
     Text(&'a str),
 }
 
 /// One event of a batch, borrowed from it.
 #[derive(Clone, Copy, Debug)]
 pub struct Event<'a> {
+    /// The event's id (unique per event).
     pub id: &'a str,
+    /// The source it came from (`events.<source>`).
     pub source: &'a str,
+    /// Its type, e.g. `photo.created`.
     pub type_: &'a str,
+    /// The user it is about.
     pub user_id: &'a str,
+    /// The content item it is about, if any (a photo, a review).
     pub content_id: Option<&'a str>,
+    /// The item's status now (`active`, `blocked`, ...), if it has one.
     pub status: Option<&'a str>,
     /// Milliseconds since the Unix epoch.
     pub occurred_at_ms: i64,
@@ -135,6 +145,7 @@ impl Default for BatchBuilder {
 }
 
 impl BatchBuilder {
+    /// An empty batch.
     pub fn new() -> BatchBuilder {
         BatchBuilder::default()
     }
@@ -222,6 +233,7 @@ impl BatchBuilder {
         self.batch.fields.extend([offset, len, kind, a, b]);
     }
 
+    /// The batch, as the host hands it to a function.
     pub fn finish(self) -> EventBatch {
         self.batch
     }

@@ -10,6 +10,7 @@
 //!
 //! The traits are ordinary Rust, so the same function compiles natively too
 //! (the host's benchmark measures exactly that against the component).
+#![warn(missing_docs)]
 
 #[allow(missing_docs, clippy::all)]
 pub mod filter {
@@ -91,11 +92,14 @@ pub trait Filter: Sized + 'static {
     fn event_types(&self) -> Option<Vec<String>> {
         None
     }
+    /// Whether `event` fits.
     fn matches(&self, event: &Event<'_>) -> bool;
 }
 
 /// A rule: what an event's content item contributes to the counters.
 pub trait Rule: Sized + 'static {
+    /// The rule made from its JSON config, or why the config is refused
+    /// (the award that names it is refused with this reason).
     fn from_config(config: &str) -> Result<Self, String>;
     /// `Ok(None)`: the rule ignores this event. `Err`: the event is unusable
     /// for this rule (it is dead-lettered with this reason).
@@ -104,15 +108,19 @@ pub trait Rule: Sized + 'static {
 
 /// A strategy: objective states of one user -> award progress.
 pub trait Strategy: Sized + 'static {
+    /// The strategy made from its JSON config, or why it is refused.
     fn from_config(config: &str) -> Result<Self, String>;
     /// The objective ids the config refers to.
     fn objectives(&self) -> Vec<String>;
+    /// One user's progress from the states of the award's objectives, or
+    /// why there is none (the user's award is not computed, and says so).
     fn evaluate(&self, objectives: &[ObjectiveState]) -> Result<Progress, String>;
 }
 
 /// A transform: one raw record (of an analytics topic) -> the events it
 /// becomes (none, one or more), or why it is malformed.
 pub trait Transform: Sized + 'static {
+    /// The transform made from its JSON config, or why it is refused.
     fn from_config(config: &str) -> Result<Self, String>;
     /// `Err`: the record is malformed (it is dead-lettered with this
     /// reason). The events' source is the pipeline's.
@@ -312,6 +320,8 @@ impl Contribution {
         }
     }
 
+    /// The same contribution, counted once among the user's items that
+    /// share `key` (two reviews of one place count once).
     pub fn with_dedup_key(self, key: impl Into<String>) -> Self {
         Contribution {
             dedup_key: Some(key.into()),

@@ -39,6 +39,7 @@ pub enum Place {
     At(String),
     /// The same value for every event: `{"const": true}`.
     Const {
+        /// The value.
         #[serde(rename = "const")]
         value: Json,
     },
@@ -47,9 +48,11 @@ pub enum Place {
 /// How numeric times count.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 pub enum TimeUnit {
+    /// `"ms"`: milliseconds (the default).
     #[default]
     #[serde(rename = "ms")]
     Milliseconds,
+    /// `"s"`: seconds.
     #[serde(rename = "s")]
     Seconds,
 }
@@ -58,20 +61,29 @@ pub enum TimeUnit {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Fields {
+    /// Where the record's own event id is (default: its position).
     #[serde(default)]
     pub id: Option<Place>,
+    /// Where the user id is.
     pub user_id: Place,
+    /// Where the event type is.
     #[serde(rename = "type")]
     pub event_type: Place,
+    /// Where `authorized` is (often a constant).
     pub authorized: Place,
+    /// Where the time is (default: the record's timestamp).
     #[serde(default)]
     pub occurred_at: Option<Place>,
+    /// What a numeric `occurred_at` counts.
     #[serde(default)]
     pub occurred_at_unit: TimeUnit,
+    /// Where the content item's id is, if events are about items.
     #[serde(default)]
     pub content_id: Option<Place>,
+    /// Where the item's status is.
     #[serde(default)]
     pub status: Option<Place>,
+    /// Payload field name -> where its value is.
     #[serde(default)]
     pub payload: BTreeMap<String, Place>,
 }

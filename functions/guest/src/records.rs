@@ -17,10 +17,15 @@ const NO_TIMESTAMP: i64 = i64::MIN;
 pub struct Record<'a> {
     /// The topic it was read from.
     pub topic: &'a str,
+    /// Its partition (of the record's first position, for a replayed
+    /// dead letter).
     pub partition: i32,
+    /// Its offset (likewise): with the topic and partition, what makes its
+    /// events' ids stable ([`Record::event_id`]).
     pub offset: i64,
     /// The record's value.
     pub value: &'a [u8],
+    /// The record's Kafka key, if it has one.
     pub key: Option<&'a [u8]>,
     /// Milliseconds since the Unix epoch, when the record has a timestamp.
     pub timestamp_ms: Option<i64>,
@@ -106,6 +111,7 @@ pub struct RecordBatchBuilder {
 }
 
 impl RecordBatchBuilder {
+    /// An empty batch of records read from `topic`.
     pub fn new(topic: &str) -> RecordBatchBuilder {
         RecordBatchBuilder {
             batch: RecordBatch {
@@ -157,6 +163,7 @@ impl RecordBatchBuilder {
         self
     }
 
+    /// The batch, as the host hands it to a transform.
     pub fn finish(self) -> RecordBatch {
         self.batch
     }

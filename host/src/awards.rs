@@ -97,14 +97,25 @@ impl AwardPlan {
 
     /// The strategy's view of one user's objectives.
     fn states(&self, change: &ChangedAward) -> Vec<ObjectiveState> {
+        self.states_of(|id| {
+            change
+                .objectives
+                .iter()
+                .find(|o| o.objective_id == id)
+                .map(|o| &o.counters)
+        })
+    }
+
+    /// The strategy's view of objectives whose counters `counters_of`
+    /// gives by objective id (none: no counters yet).
+    fn states_of<'c>(
+        &self,
+        counters_of: impl Fn(&str) -> Option<&'c Counters>,
+    ) -> Vec<ObjectiveState> {
         self.objectives
             .iter()
             .map(|(id, progress_counter)| {
-                let counters = change
-                    .objectives
-                    .iter()
-                    .find(|o| &o.objective_id == id)
-                    .map(|o| &o.counters);
+                let counters = counters_of(id);
                 ObjectiveState {
                     objective_id: id.clone(),
                     value: counters
@@ -166,29 +177,7 @@ pub fn progress_of(
     let mut plan = AwardPlan::new(definition, 0, registry);
     let states: Vec<Vec<ObjectiveState>> = users
         .iter()
-        .map(|objectives| {
-            plan.objectives
-                .iter()
-                .map(|(id, progress_counter)| {
-                    let counters = objectives.get(id);
-                    ObjectiveState {
-                        objective_id: id.clone(),
-                        value: counters
-                            .and_then(|c| c.get(progress_counter))
-                            .copied()
-                            .unwrap_or(0) as f64,
-                        counters: counters
-                            .into_iter()
-                            .flatten()
-                            .map(|(name, value)| Counter {
-                                name: name.clone(),
-                                value: *value,
-                            })
-                            .collect(),
-                    }
-                })
-                .collect()
-        })
+        .map(|objectives| plan.states_of(|id| objectives.get(id)))
         .collect();
     if states.is_empty() {
         return Vec::new();

@@ -210,7 +210,7 @@ async fn recent_events(
     store: &Store,
     brokers: &str,
     per_partition: i64,
-) -> Result<(Vec<Envelope>, Option<String>), DiffError> {
+) -> Result<(Arc<[Envelope]>, Option<String>), DiffError> {
     let sources = store.sources().await?;
     let mut envelopes = Vec::new();
     let mut problems = Vec::new();
@@ -224,7 +224,7 @@ async fn recent_events(
     }
     envelopes.sort_by_key(|e| e.occurred_at);
     Ok((
-        envelopes,
+        envelopes.into(),
         (!problems.is_empty()).then(|| problems.join("; ")),
     ))
 }
@@ -242,13 +242,14 @@ async fn compare(
     store: &Store,
     before: Option<Side<'_>>,
     after: Side<'_>,
-    events: &[Envelope],
+    events: &Arc<[Envelope]>,
 ) -> Result<AwardDiff, DiffError> {
     let owned_before = before
         .as_ref()
         .map(|b| (b.award.clone(), Arc::clone(&b.registry)));
     let owned_after = (after.award.clone(), Arc::clone(&after.registry));
-    let events_owned = events.to_vec();
+    // Shared with the blocking thread, not copied per award.
+    let events_owned = Arc::clone(events);
     let window = tokio::task::spawn_blocking(move || {
         let before = owned_before.map(|(award, registry)| {
             let verdicts = Plan::for_award(&award, &registry).verdicts(&events_owned);

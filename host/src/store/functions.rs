@@ -85,12 +85,7 @@ impl Store {
             .await
             .context("starting a function push")?;
         // One pusher per name at a time: versions are dense and ordered.
-        tx.execute(
-            "SELECT pg_advisory_xact_lock(hashtext('laurel.functions.' || $1))",
-            &[&name],
-        )
-        .await
-        .context("locking a function name")?;
+        lock_name(&tx, name).await?;
         let newest = tx
             .query_opt(
                 "SELECT version, sha256 FROM functions WHERE name = $1 ORDER BY version DESC LIMIT 1",
@@ -125,14 +120,7 @@ impl Store {
         .await
         .context("inserting a function version")?;
         if !shadow {
-            tx.execute(
-                "INSERT INTO function_live (name, version) VALUES ($1, $2)
-                 ON CONFLICT (name) DO UPDATE
-                 SET previous = function_live.version, version = EXCLUDED.version, changed_at = now()",
-                &[&name, &version],
-            )
-            .await
-            .context("making a pushed version live")?;
+            make_live(&tx, name, version).await?;
         }
         tx.execute("SELECT pg_notify($1, $2)", &[&FUNCTIONS_CHANNEL, &name])
             .await
@@ -212,12 +200,7 @@ impl Store {
             .transaction()
             .await
             .context("starting a change of the live version")?;
-        tx.execute(
-            "SELECT pg_advisory_xact_lock(hashtext('laurel.functions.' || $1))",
-            &[&name],
-        )
-        .await
-        .context("locking a function name")?;
+        lock_name(&tx, name).await?;
         let exists = tx
             .query_opt(
                 "SELECT 1 FROM functions WHERE name = $1 AND version = $2",
@@ -238,14 +221,7 @@ impl Store {
             .context("reading a function's live version")?
             .map(|r| r.get(0));
         if from != Some(version) {
-            tx.execute(
-                "INSERT INTO function_live (name, version) VALUES ($1, $2)
-                 ON CONFLICT (name) DO UPDATE
-                 SET previous = function_live.version, version = EXCLUDED.version, changed_at = now()",
-                &[&name, &version],
-            )
-            .await
-            .context("changing a function's live version")?;
+            make_live(&tx, name, version).await?;
             tx.execute("SELECT pg_notify($1, $2)", &[&FUNCTIONS_CHANNEL, &name])
                 .await
                 .context("announcing a live version")?;
@@ -291,4 +267,33 @@ impl Store {
             .context("recording a quarantine")?;
         Ok(())
     }
+}
+
+/// Holds `name` for the rest of the transaction: one change of a name's
+/// versions at a time.
+async fn lock_name(tx: &tokio_postgres::Transaction<'_>, name: &str) -> Result<(), StoreError> {
+    tx.execute(
+        "SELECT pg_advisory_xact_lock(hashtext('laurel.functions.' || $1))",
+        &[&name],
+    )
+    .await
+    .context("locking a function name")?;
+    Ok(())
+}
+
+/// Makes `version` of `name` live, remembering the one it replaces.
+async fn make_live(
+    tx: &tokio_postgres::Transaction<'_>,
+    name: &str,
+    version: i32,
+) -> Result<(), StoreError> {
+    tx.execute(
+        "INSERT INTO function_live (name, version) VALUES ($1, $2)
+         ON CONFLICT (name) DO UPDATE
+         SET previous = function_live.version, version = EXCLUDED.version, changed_at = now()",
+        &[&name, &version],
+    )
+    .await
+    .context("making a function version live")?;
+    Ok(())
 }

@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde::Serialize;
 
-use super::{AuditTarget, flag, time};
+use super::{AuditTarget, flag, positive, time};
 use crate::api::{ApiError, AppState, body};
 use crate::definitions::{self, PushError};
 use crate::runtime::FunctionKind;
@@ -227,23 +227,16 @@ pub(super) async fn diff(
     Path(name): Path<String>,
     Query(query): Query<HashMap<String, String>>,
 ) -> Result<Json<crate::shadow::Diff>, ApiError> {
-    let number = |key: &str, max: i64| -> Result<Option<i64>, ApiError> {
-        query
-            .get(key)
-            .map(|v| {
-                v.parse::<i64>()
-                    .ok()
-                    .filter(|n| (1..=max).contains(n))
-                    .ok_or_else(|| {
-                        ApiError::BadRequest(format!(
-                            "query parameter {key} must be a whole number from 1 to {max}, not {v:?}"
-                        ))
-                    })
-            })
-            .transpose()
+    let at_most = |key: &str, max: i64| -> Result<Option<i64>, ApiError> {
+        match positive(&query, key)? {
+            Some(n) if n > max => Err(ApiError::BadRequest(format!(
+                "query parameter {key} must be a whole number from 1 to {max}, not {n}"
+            ))),
+            n => Ok(n),
+        }
     };
-    let version = number("version", i64::from(i32::MAX))?.map(|v| v as i32);
-    let events = number("events", 1_000_000)?.unwrap_or(10_000);
+    let version = at_most("version", i64::from(i32::MAX))?.map(|v| v as i32);
+    let events = at_most("events", 1_000_000)?.unwrap_or(10_000);
     let Some(brokers) = state.settings.kafka_brokers.clone() else {
         return Err(ApiError::Unavailable(
             "this process has no Kafka brokers configured: a diff reads recent events from Kafka"

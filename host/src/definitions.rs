@@ -30,6 +30,18 @@ pub struct AwardDefinition {
     pub strategy: Value,
     #[serde(default = "tree_strategy")]
     pub strategy_function: String,
+    /// `"history"`: applied new or changed, the award also credits what
+    /// users did before (`crate::backfill`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backfill: Option<BackfillFrom>,
+}
+
+/// What an award credits when it is applied, besides the events after it.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum BackfillFrom {
+    /// The content items Laurel stores, each with its last applied event.
+    History,
 }
 
 fn enabled() -> bool {
@@ -304,7 +316,25 @@ pub async fn apply(
         })
         .collect();
     let sources: Vec<String> = sources.into_iter().collect();
-    Ok(store.apply_awards(&rows, &sources).await?)
+    let applied = store.apply_awards(&rows, &sources).await?;
+    // Awards that credit the past: a backfill for each new version (an
+    // unchanged definition keeps its version and its backfill).
+    for definition in definitions
+        .iter()
+        .filter(|d| d.backfill.is_some() && d.enabled)
+    {
+        let Some((_, version)) = applied.iter().find(|(id, _)| *id == definition.id) else {
+            continue;
+        };
+        let started = store.history_backfill(&definition.id).await?;
+        if started.is_some_and(|b| b.award_version == *version) {
+            continue;
+        }
+        if let Err(error) = crate::backfill::request(store, registry, &definition.id).await {
+            tracing::warn!(message = "The award was applied, but its backfill from history could not be started; start it with `laurel awards backfill`.", award = %definition.id, error = %format!("{error:#}"));
+        }
+    }
+    Ok(applied)
 }
 
 /// Parses and checks definitions as [`apply`] does, writing nothing: the

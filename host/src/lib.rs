@@ -3,6 +3,7 @@
 
 pub mod api;
 pub mod awards;
+pub mod backfill;
 pub mod catalog;
 pub mod cli;
 pub mod definitions;

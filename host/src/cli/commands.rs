@@ -340,6 +340,15 @@ pub(super) async fn awards(
             let applied = definitions::apply(&mut store, &registry, &text).await?;
             for (id, version) in applied {
                 println!("applied {id} v{version}");
+                if let Some(backfill) = store.history_backfill(&id).await?
+                    && backfill.award_version == version
+                    && backfill.finished_at.is_none()
+                {
+                    println!(
+                        "  backfill from history started over {} stored item(s); `laurel awards list` shows how far it is",
+                        backfill.total
+                    );
+                }
             }
         }
         AwardsCommand::Apply {
@@ -409,6 +418,25 @@ pub(super) async fn awards(
                      fix the function, then `laurel awards recompute {award}`"
                 );
             }
+            for backfill in store.history_backfills().await? {
+                if backfill.finished_at.is_none() {
+                    println!(
+                        "backfill of {} v{} from history: {:.1}% ({} of {} items, {} changed, {} unrecoverable, {} failed) since {}",
+                        backfill.award_id,
+                        backfill.award_version,
+                        backfill.percent(),
+                        backfill.done,
+                        backfill.total,
+                        backfill.changed,
+                        backfill.unrecoverable,
+                        backfill.failed,
+                        backfill.started_at.to_rfc3339()
+                    );
+                } else {
+                    print!("{}: ", backfill.award_id);
+                    print_history_backfill(&backfill);
+                }
+            }
             for backfill in store.backfills().await?.iter().filter(|b| !b.finished) {
                 println!(
                     "backfill of {} v{} in progress: {} users marked since {}",
@@ -419,6 +447,46 @@ pub(super) async fn awards(
                 );
             }
         }
+        AwardsCommand::Backfill {
+            id,
+            detach,
+            sandbox,
+            batch,
+            max_event_bytes,
+        } => {
+            let runtime = sandbox.runtime()?;
+            super::roles::prepare(connections, &runtime).await?;
+            let registry = Registry::start(&connections.database_url, runtime).await?;
+            let store = Store::connect(&connections.database_url).await?;
+            let started = crate::backfill::request(&store, &registry, &id).await?;
+            println!(
+                "backfill of {id} v{} from history: {} stored item(s) of {}",
+                started.award_version,
+                started.total,
+                if started.sources.is_empty() {
+                    "no source (no objective matches a registered source)".to_string()
+                } else {
+                    format!("source(s) {}", started.sources.join(", "))
+                }
+            );
+            if detach {
+                println!(
+                    "started; a process running ingest does it (`laurel awards list` shows how far it is)"
+                );
+                return Ok(());
+            }
+            let settings = crate::backfill::BackfillSettings {
+                batch,
+                max_event_bytes,
+            };
+            let done = backfill_here(store, registry, settings, &id).await?;
+            print_history_backfill(&done);
+            anyhow::ensure!(
+                done.failed == 0,
+                "{} item(s) failed: fix what the last reason names, then run `laurel awards backfill {id}` again",
+                done.failed
+            );
+        }
         AwardsCommand::Recompute { id } => {
             let store = store(connections).await?;
             anyhow::ensure!(store.request_backfill(&id).await?, "no award named {id}");
@@ -426,6 +494,80 @@ pub(super) async fn awards(
         }
     }
     Ok(())
+}
+
+/// Works on the backfill of `id` until it ends, sharing it with any
+/// process that holds it now (then only following its progress). A bar on
+/// a terminal, a line per step otherwise.
+async fn backfill_here(
+    store: Store,
+    registry: std::sync::Arc<Registry>,
+    settings: crate::backfill::BackfillSettings,
+    id: &str,
+) -> anyhow::Result<crate::store::HistoryBackfill> {
+    use std::io::{IsTerminal, Write};
+    let terminal = std::io::stderr().is_terminal();
+    let show = |b: &crate::store::HistoryBackfill| {
+        let percent = b.percent();
+        if terminal {
+            let filled = (percent / 5.0) as usize;
+            eprint!(
+                "\r[{}{}] {percent:5.1}% {} of {} items, {} changed",
+                "#".repeat(filled),
+                " ".repeat(20 - filled.min(20)),
+                b.done,
+                b.total,
+                b.changed
+            );
+            let _ = std::io::stderr().flush();
+        } else {
+            eprintln!(
+                "{percent:.1}% {} of {} items, {} changed",
+                b.done, b.total, b.changed
+            );
+        }
+    };
+    let (_stop_tx, stop) = tokio::sync::watch::channel(false);
+    let mut backfiller = crate::backfill::Backfiller::new(store, registry, settings);
+    let done = loop {
+        if let Some(b) = backfiller.work(Some(id), &stop, &show).await?
+            && b.finished_at.is_some()
+        {
+            break b;
+        }
+        // Another process holds it: follow it, and take over if it stops.
+        let Some(b) = backfiller.store().history_backfill(id).await? else {
+            anyhow::bail!("the backfill of {id} was removed (the award was deleted)");
+        };
+        if b.finished_at.is_some() {
+            break b;
+        }
+        show(&b);
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    };
+    if terminal {
+        eprintln!();
+    }
+    Ok(done)
+}
+
+fn print_history_backfill(b: &crate::store::HistoryBackfill) {
+    println!(
+        "backfilled {} v{} from history: {} item(s), {} changed a counter, {} unrecoverable, {} failed",
+        b.award_id, b.award_version, b.done, b.changed, b.unrecoverable, b.failed
+    );
+    if b.unrecoverable > 0 {
+        println!(
+            "  {} item(s) were applied before Laurel kept their events: they are not credited",
+            b.unrecoverable
+        );
+    }
+    if let Some(reason) = &b.last_failure {
+        println!("  last failure: {reason}");
+    }
+    println!(
+        "  analytics events (additive, counted once per id) are not stored, so they are not backfilled"
+    );
 }
 
 async fn show_user(store: &Store, user_id: &str) -> anyhow::Result<()> {

@@ -253,6 +253,28 @@ enum AwardsCommand {
         /// The award.
         id: String,
     },
+    /// Credit the past: evaluate the award's objectives over the content
+    /// items Laurel already stores (each item's last applied event), once
+    /// per objective and item, in bounded steps that live traffic passes.
+    /// Starts over if one was under way; a second run changes nothing.
+    /// Works on it here, with a progress bar, until it ends (a running
+    /// `laurel up`/`serve` with ingest shares the work).
+    Backfill {
+        /// The award.
+        id: String,
+        /// Start it and return: a process running ingest does the work
+        /// (`laurel awards list` shows how far it is).
+        #[arg(long)]
+        detach: bool,
+        #[command(flatten)]
+        sandbox: Sandbox,
+        /// Content items per step (one short transaction per source).
+        #[arg(long, env = "LAUREL_BACKFILL_BATCH", default_value_t = 1000, value_parser = clap::value_parser!(i64).range(1..=100_000))]
+        batch: i64,
+        /// Stored events larger than this are not evaluated (ingest's limit).
+        #[arg(long, env = "LAUREL_MAX_EVENT_BYTES", default_value_t = crate::ingest::MAX_EVENT_BYTES)]
+        max_event_bytes: usize,
+    },
 }
 
 #[derive(Debug, Subcommand)]

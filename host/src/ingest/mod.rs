@@ -116,6 +116,27 @@ pub struct IngestSettings {
         value_name = "MS"
     )]
     pub session_timeout: Duration,
+    /// Content items per step of a backfill from history (one short
+    /// transaction per source), so live batches are never queued behind
+    /// a long one.
+    #[arg(
+        long = "backfill-batch",
+        env = "LAUREL_BACKFILL_BATCH",
+        default_value = "1000",
+        value_parser = crate::settings::positive,
+        value_name = "ITEMS"
+    )]
+    pub backfill_batch: usize,
+}
+
+impl IngestSettings {
+    /// What a backfill from history takes from ingest's settings.
+    pub fn backfill(&self) -> crate::backfill::BackfillSettings {
+        crate::backfill::BackfillSettings {
+            batch: self.backfill_batch as i64,
+            max_event_bytes: self.max_event_bytes,
+        }
+    }
 }
 
 /// Larger messages are dead-lettered, unless a setting says otherwise.
@@ -165,6 +186,13 @@ pub async fn run(
         catalog,
     });
     let (stop_tx, stop_rx) = watch::channel(false);
+    // Backfills from history, taken up by whichever ingest process is free.
+    let backfills = tokio::spawn(crate::backfill::run(
+        database_url.to_string(),
+        shared.registry.clone(),
+        shared.settings.backfill(),
+        stop_rx.clone(),
+    ));
     let mut running: HashMap<String, (Arc<AtomicBool>, JoinHandle<()>)> = HashMap::new();
     let mut shutdown = std::pin::pin!(shutdown);
     let mut tick = tokio::time::interval(Duration::from_secs(1));
@@ -211,6 +239,9 @@ pub async fn run(
     }
     info!(message = "Stopping ingest: finishing the batches in hand.");
     let _ = stop_tx.send(true);
+    if let Err(error) = backfills.await {
+        error!(message = "The backfill worker ended abnormally.", %error);
+    }
     for (name, (_, task)) in running {
         if let Err(error) = task.await {
             error!(message = "A source consumer ended abnormally.", source = %name, %error);
@@ -627,6 +658,7 @@ impl SourceConsumer {
             log: &log,
             dead: &dead,
             replaying: &[],
+            backfill: false,
         };
         let applying = std::time::Instant::now();
         let mut retry = Retry::new(&self.source.name);
@@ -786,7 +818,7 @@ async fn publish_dead_letter(
 
 /// Whether `envelope`'s user gets no progress (not authorized, banned or
 /// deleted); if so, the skip is logged.
-fn skipped(
+pub(crate) fn skipped(
     index: usize,
     envelope: &Envelope,
     excluded: &HashMap<String, String>,
@@ -814,7 +846,7 @@ fn skipped(
 
 /// A message's event, or why it cannot be used: the checks every message
 /// passes before any function or database sees it (and again on replay).
-fn check_message(
+pub(crate) fn check_message(
     key: Option<&[u8]>,
     value: Option<&[u8]>,
     source: &str,

@@ -170,6 +170,7 @@ async fn replay_chunk(
         log: &log,
         dead: &[],
         replaying: &replaying,
+        backfill: false,
     };
     let (applied, refused) = super::apply_isolating(store, &batch).await?;
     // An event PostgreSQL refuses now is kept as it was, with that reason.

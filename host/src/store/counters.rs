@@ -127,6 +127,12 @@ pub struct Batch<'a> {
     pub dead: &'a [DeadEvent],
     /// Dead letters being replayed (none from Kafka).
     pub replaying: &'a [Replaying],
+    /// A backfill (`crate::backfill`): every event is its content item's
+    /// stored last event, and the outcomes are those of the objectives
+    /// being backfilled. It applies at the item's own order; what a
+    /// failing function holds is counted (`Applied::held`), not kept as a
+    /// dead letter: the backfill is run again after the fix.
+    pub backfill: bool,
 }
 
 impl<'a> Batch<'a> {
@@ -139,6 +145,7 @@ impl<'a> Batch<'a> {
             log: &[],
             dead: &[],
             replaying: &[],
+            backfill: false,
         }
     }
 
@@ -202,6 +209,7 @@ impl BatchPart {
             log: &self.log,
             dead: &self.dead,
             replaying: &self.replaying,
+            backfill: whole.backfill,
         }
     }
 }
@@ -363,6 +371,7 @@ impl Store {
 
         let mut snapshot = Snapshot {
             items,
+            backfill: batch.backfill,
             ..Snapshot::default()
         };
         let mut group_keys: BTreeSet<GroupKey<'_>> = BTreeSet::new();
@@ -495,7 +504,7 @@ impl Store {
         // --- write ----------------------------------------------------
         applied.changed = decision.changed;
         applied.objectives = decision.totals.len();
-        write_items(&tx, source, &decision, &view).await?;
+        write_items(&tx, &batch, &decision, &view).await?;
         write_totals(&tx, &decision).await?;
         if !decision.newly_applied.is_empty() {
             let newly_applied: Vec<&str> = decision.newly_applied.iter().copied().collect();
@@ -571,7 +580,11 @@ impl Store {
         // In stream order, so ids follow the stream.
         let mut letters = letters;
         letters.sort_by_key(|l| l.index);
-        write_letters(&tx, &batch, source, &letters).await?;
+        // A backfill's events are not messages: what it holds or refuses is
+        // counted by the backfill, which is run again after a fix.
+        if !batch.backfill {
+            write_letters(&tx, &batch, source, &letters).await?;
+        }
 
         let mut resolved: Vec<i64> = Vec::new();
         let mut still: Vec<(i64, String)> = Vec::new();
@@ -699,22 +712,38 @@ async fn write_letters(
     Ok(())
 }
 
+/// An item's last event's order and, where it moved, the event's bytes.
+type ItemWrite<'a> = (Order<'a>, Option<&'a [u8]>);
+
 async fn write_items(
     tx: &tokio_postgres::Transaction<'_>,
-    source: &str,
+    batch: &Batch<'_>,
     decision: &Decision<'_>,
     view: &Contributions<'_>,
 ) -> Result<(), StoreError> {
-    if decision.items.is_empty() && view.rekeyed.is_empty() {
+    let source = batch.source;
+    if decision.items.is_empty() && decision.reshared.is_empty() && view.rekeyed.is_empty() {
         return Ok(());
     }
-    if !decision.items.is_empty() {
-        // shares = {"<award>/<objective>": {"c": counters, "k": dedup key}}
-        let mut shares: BTreeMap<(&str, &str), ObjectWriter> = decision
-            .items
-            .keys()
-            .map(|k| (*k, ObjectWriter::new()))
+    if !decision.items.is_empty() || !decision.reshared.is_empty() {
+        // Each item written: its last event's order and, where it moved, the
+        // event as it came (what a backfill evaluates again).
+        let mut rows: BTreeMap<(&str, &str), ItemWrite<'_>> = decision
+            .reshared
+            .iter()
+            .map(|(k, order)| (*k, (*order, None)))
             .collect();
+        for (k, order) in &decision.items {
+            let body = decision
+                .item_events
+                .get(k)
+                .and_then(|i| batch.messages.get(*i))
+                .and_then(|m| m.value);
+            rows.insert(*k, (*order, body));
+        }
+        // shares = {"<award>/<objective>": {"c": counters, "k": dedup key}}
+        let mut shares: BTreeMap<(&str, &str), ObjectWriter> =
+            rows.keys().map(|k| (*k, ObjectWriter::new())).collect();
         for ((user, award, objective, content), stored) in &view.items {
             if stored.counters.is_empty() && stored.dedup_key.is_none() {
                 continue;
@@ -730,18 +759,23 @@ async fn write_items(
                 out.push('}');
             }
         }
-        let (u, c): (Vec<&str>, Vec<&str>) = decision.items.keys().copied().unzip();
-        let at: Vec<DateTime<Utc>> = decision.items.values().map(|o| o.occurred_at).collect();
-        let event: Vec<&str> = decision.items.values().map(|o| o.event_id).collect();
+        let (u, c): (Vec<&str>, Vec<&str>) = rows.keys().copied().unzip();
+        let at: Vec<DateTime<Utc>> = rows.values().map(|(o, _)| o.occurred_at).collect();
+        let event: Vec<&str> = rows.values().map(|(o, _)| o.event_id).collect();
+        let body: Vec<Option<&[u8]>> = rows.values().map(|(_, b)| *b).collect();
         let shares: Vec<String> = shares.into_values().map(ObjectWriter::finish).collect();
         let shares: Vec<JsonText<'_>> = shares.iter().map(|s| JsonText(s)).collect();
+        // An item whose order did not move keeps the event it has.
         tx.execute(
-            "INSERT INTO content_items (user_id, source, content_id, occurred_at, event_id, shares)
-             SELECT u, $1, c, t, e, s
-             FROM unnest($2::text[], $3::text[], $4::timestamptz[], $5::text[], $6::jsonb[]) AS k(u, c, t, e, s)
+            "INSERT INTO content_items (user_id, source, content_id, occurred_at, event_id, shares, event)
+             SELECT u, $1, c, t, e, s, b
+             FROM unnest($2::text[], $3::text[], $4::timestamptz[], $5::text[], $6::jsonb[], $7::bytea[]) AS k(u, c, t, e, s, b)
              ON CONFLICT (user_id, source, content_id) DO UPDATE SET
-                 occurred_at = EXCLUDED.occurred_at, event_id = EXCLUDED.event_id, shares = EXCLUDED.shares",
-            &[&source, &u, &c, &at, &event, &shares],
+                 shares = EXCLUDED.shares,
+                 event = CASE WHEN (content_items.occurred_at, content_items.event_id) = (EXCLUDED.occurred_at, EXCLUDED.event_id)
+                              THEN content_items.event ELSE EXCLUDED.event END,
+                 occurred_at = EXCLUDED.occurred_at, event_id = EXCLUDED.event_id",
+            &[&source, &u, &c, &at, &event, &shares, &body],
         )
         .await
         .context("writing content items")?;

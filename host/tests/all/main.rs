@@ -7,6 +7,7 @@ mod api;
 mod architecture;
 mod authoring;
 mod awards;
+mod backfill;
 mod cases;
 mod config_errors;
 mod definitions;

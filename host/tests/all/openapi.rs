@@ -256,6 +256,18 @@ async fn answers_match_the_documented_bodies_both_ways() {
         Some(award.body["definition"].clone()),
     )
     .await;
+    let backfill = c
+        .admin(
+            "POST",
+            "/awards/{id}/backfill",
+            "/awards/content-maker/backfill",
+            None,
+        )
+        .await;
+    assert_eq!(backfill.status, 202, "{}", backfill.body);
+    // Three photos and a review are stored.
+    assert_eq!(backfill.body["items_total"], 4, "{}", backfill.body);
+    assert_eq!(backfill.body["state"], "running", "{}", backfill.body);
     let wasm = crate::support::guest_bytes("accept_all_filter");
     for status in [201, 200] {
         let pushed = c

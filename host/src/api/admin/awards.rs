@@ -26,6 +26,9 @@ pub(super) struct StoredAward {
     definition: Value,
     #[serde(skip_serializing_if = "Option::is_none")]
     held: Option<Vec<HeldObjective>>,
+    /// Its last backfill from history, if it had one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    backfill: Option<BackfillState>,
 }
 
 impl StoredAward {
@@ -37,6 +40,47 @@ impl StoredAward {
             updated_at: time(row.updated_at),
             definition: row.definition.clone(),
             held: None,
+            backfill: None,
+        }
+    }
+}
+
+/// A backfill from history as the admin API shows it.
+#[derive(Debug, Serialize)]
+pub(super) struct BackfillState {
+    award_version: i32,
+    state: &'static str,
+    percent: f64,
+    sources: Vec<String>,
+    items_total: i64,
+    items_done: i64,
+    changed: i64,
+    unrecoverable: i64,
+    failed: i64,
+    last_failure: Option<String>,
+    started_at: String,
+    finished_at: Option<String>,
+}
+
+impl BackfillState {
+    fn of(b: &crate::store::HistoryBackfill) -> BackfillState {
+        BackfillState {
+            award_version: b.award_version,
+            state: if b.finished_at.is_some() {
+                "finished"
+            } else {
+                "running"
+            },
+            percent: (b.percent() * 10.0).round() / 10.0,
+            sources: b.sources.clone(),
+            items_total: b.total,
+            items_done: b.done,
+            changed: b.changed,
+            unrecoverable: b.unrecoverable,
+            failed: b.failed,
+            last_failure: b.last_failure.clone(),
+            started_at: time(b.started_at),
+            finished_at: b.finished_at.map(time),
         }
     }
 }
@@ -63,10 +107,46 @@ pub(super) struct AwardList {
 }
 
 pub(super) async fn list(State(state): State<Arc<AppState>>) -> Result<Json<AwardList>, ApiError> {
-    let rows = state.store().await?.awards().await?;
+    let store = state.store().await?;
+    let rows = store.awards().await?;
+    let backfills = store.history_backfills().await?;
     Ok(Json(AwardList {
-        awards: rows.iter().map(StoredAward::of).collect(),
+        awards: rows
+            .iter()
+            .map(|row| StoredAward {
+                backfill: backfills
+                    .iter()
+                    .find(|b| b.award_id == row.id)
+                    .map(BackfillState::of),
+                ..StoredAward::of(row)
+            })
+            .collect(),
     }))
+}
+
+/// `POST /awards/{id}/backfill`: starts (or starts over) its backfill from
+/// history; a process running ingest does the work.
+pub(super) async fn backfill(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<(StatusCode, Extension<AuditTarget>, Json<BackfillState>), ApiError> {
+    let store = state.store().await?;
+    if !store.awards().await?.iter().any(|r| r.id == id) {
+        return Err(ApiError::NotFound(format!("no award named {id}")));
+    }
+    let started = crate::backfill::request(&store, &state.registry, &id)
+        .await
+        .map_err(|error| ApiError::unprocessable(format!("award {id}: {error:#}")))?;
+    let audit = AuditTarget {
+        target: format!("award {id} backfill"),
+        before: None,
+        after: Some(started.award_version),
+    };
+    Ok((
+        StatusCode::ACCEPTED,
+        Extension(audit),
+        Json(BackfillState::of(&started)),
+    ))
 }
 
 pub(super) async fn get(
@@ -92,8 +172,10 @@ pub(super) async fn get(
             last_held_at: time(h.last_at),
         })
         .collect();
+    let backfill = store.history_backfill(&id).await?;
     Ok(Json(StoredAward {
         held: Some(held),
+        backfill: backfill.as_ref().map(BackfillState::of),
         ..StoredAward::of(row)
     }))
 }

@@ -39,6 +39,7 @@ pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
             "/awards/{id}",
             get(awards::get).put(awards::put).delete(awards::delete),
         )
+        .route("/awards/{id}/backfill", post(awards::backfill))
         .route("/functions", get(functions::list))
         .route(
             "/functions/{name}",

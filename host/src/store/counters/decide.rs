@@ -221,6 +221,12 @@ pub(super) struct Snapshot<'a> {
     /// Events replayed from a hold (by batch index): the claimed hold's
     /// objective. An event replayed whole is processed as from Kafka.
     pub replaying_holds: HashMap<usize, (&'a str, &'a str)>,
+    /// A backfill: each event is its item's stored last event, evaluated
+    /// again for objectives that may not have seen it (the batch's outcomes
+    /// are theirs alone). At the item's last order it applies (the
+    /// contribution is absolute, so once or twice is the same); an older
+    /// one (a newer event came since) changes nothing.
+    pub backfill: bool,
 }
 
 /// An event kept for one objective, to be replayed after a fix.
@@ -355,6 +361,12 @@ impl<'a> LogRow<'a> {
 pub(super) struct Decision<'a> {
     /// Content items whose last applied event moved, with it.
     pub items: BTreeMap<(&'a str, &'a str), Order<'a>>,
+    /// For each item of `items`, the batch index of that event.
+    pub item_events: HashMap<(&'a str, &'a str), usize>,
+    /// Content items whose shares changed, with their last event's order
+    /// (moved or not: a replayed hold or a backfill changes shares at the
+    /// item's own order).
+    pub reshared: BTreeMap<(&'a str, &'a str), Order<'a>>,
     /// Objectives whose counters changed: their new counters.
     pub totals: BTreeMap<ObjectiveKey<'a>, Counters>,
     /// Additive events applied for the first time.
@@ -384,6 +396,7 @@ pub(super) fn decide<'a>(
         seen_additive,
         totals: current,
         replaying_holds,
+        backfill,
     } = snapshot;
     let mut decision = Decision::default();
     // Running totals of the objectives changed so far, and what changed.
@@ -428,9 +441,10 @@ pub(super) fn decide<'a>(
                 }
                 continue;
             }
-            // The same event again: a replayed hold is the exception (the
-            // event was processed; its objective did not get it).
-            (Some((_, order)), Some(last)) if order == last && replaying.is_none() => {
+            // The same event again: a replayed hold and a backfill are the
+            // exceptions (the event was processed; these objectives did not
+            // get it).
+            (Some((_, order)), Some(last)) if order == last && replaying.is_none() && !backfill => {
                 decision.log.push(LogRow::event(
                     first,
                     "skipped",
@@ -548,14 +562,13 @@ pub(super) fn decide<'a>(
         }
 
         // The event is processed: its item's order moves, its id is kept.
-        if let (Some((item, order)), None) = (order, replaying) {
-            items.insert(item, order);
-            decision.items.insert(item, order);
-        } else if let (Some((item, order)), Some(_)) = (order, replaying)
-            && last.is_none_or(|last| order > last)
+        let rerun = replaying.is_some() || backfill;
+        if let Some((item, order)) = order
+            && (!rerun || last.is_none_or(|last| order > last))
         {
             items.insert(item, order);
             decision.items.insert(item, order);
+            decision.item_events.insert(item, first.index);
         }
         if first.content_id.is_none() && replaying.is_none() {
             additive_here.insert(&first.event_id);
@@ -569,6 +582,9 @@ pub(super) fn decide<'a>(
         let mut changes: Vec<Change<'_>> = Vec::new();
         for (o, delta, replacement) in planned {
             if let Some((key, next)) = replacement {
+                if let Some(order) = items.get(&(key.0, key.3)) {
+                    decision.reshared.insert((key.0, key.3), *order);
+                }
                 view.replace(key, next);
             }
             if delta.is_empty() {
@@ -1014,6 +1030,78 @@ mod tests {
             decision.replayed_holds,
             BTreeMap::from([(0, HoldReplay::Resolved)])
         );
+    }
+
+    #[test]
+    fn a_replayed_hold_at_the_items_order_rewrites_its_shares() {
+        let mut snapshot = Snapshot::default();
+        snapshot.items.insert(
+            ("u", "photo-1"),
+            Order {
+                occurred_at: at(1),
+                event_id: "e1",
+            },
+        );
+        snapshot.replaying_holds.insert(0, ("a", "broken"));
+        let batch = [status(0, "e1", 1, "broken", &[("approved", 1)])];
+        let decision = run(snapshot, &batch);
+        // The order stays; the item's shares must still be written, or its
+        // next event would take the difference from the old ones.
+        assert!(decision.items.is_empty());
+        assert_eq!(
+            decision.reshared.keys().collect::<Vec<_>>(),
+            [&("u", "photo-1")]
+        );
+    }
+
+    #[test]
+    fn a_backfill_applies_an_items_last_event_to_new_objectives_once() {
+        let last = || {
+            let mut snapshot = Snapshot {
+                backfill: true,
+                ..Snapshot::default()
+            };
+            snapshot.items.insert(
+                ("u", "photo-1"),
+                Order {
+                    occurred_at: at(1),
+                    event_id: "e1",
+                },
+            );
+            snapshot
+        };
+        let batch = [status(0, "e1", 1, "new", &[("approved", 1)])];
+        let decision = run(last(), &batch);
+        assert_eq!(
+            totals(&decision),
+            vec![("new".into(), counters(&[("approved", 1)]))]
+        );
+        assert!(decision.items.is_empty());
+        assert_eq!(
+            decision.reshared.keys().collect::<Vec<_>>(),
+            [&("u", "photo-1")]
+        );
+        assert!(decision.holds.is_empty());
+
+        // Twice: the share is there, so nothing moves.
+        let mut again = last();
+        let share: &'static Value = Box::leak(Box::new(json!({"c": {"approved": 1}})));
+        again.view.load(("u", "a", "new", "photo-1"), share);
+        let decision = run(again, &batch);
+        assert!(decision.totals.is_empty());
+
+        // An older event than the item's last: a newer one decided it.
+        let mut newer = last();
+        newer.items.insert(
+            ("u", "photo-1"),
+            Order {
+                occurred_at: at(5),
+                event_id: "e5",
+            },
+        );
+        let decision = run(newer, &batch);
+        assert!(decision.totals.is_empty());
+        assert!(decision.reshared.is_empty());
     }
 
     #[test]

@@ -1,0 +1,258 @@
+//! Backfills from history (`history_backfills`): an award's objectives
+//! evaluated over the content items Laurel already stores, each with the
+//! last event applied to it. A row per award holds where the walk is (the
+//! items' key order), what it did, and a lease: one worker at a time takes
+//! its steps, and another takes over when the lease lapses. A step that
+//! was applied but not recorded is done again, which changes nothing
+//! (contributions are absolute).
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use super::{QueryContext, Store, StoreError};
+
+/// A backfill from history, as it stands.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HistoryBackfill {
+    pub award_id: String,
+    pub award_version: i32,
+    pub sources: Vec<String>,
+    /// The last item done: (user, source, content).
+    pub after: (String, String, String),
+    /// Items of its sources when it started.
+    pub total: i64,
+    pub done: i64,
+    pub changed: i64,
+    pub unrecoverable: i64,
+    pub failed: i64,
+    pub last_failure: Option<String>,
+    pub started_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+impl HistoryBackfill {
+    /// Percent done (of the items there were at the start; items added
+    /// since are walked too, so it may pass 100 before it ends).
+    pub fn percent(&self) -> f64 {
+        if self.finished_at.is_some() || self.total == 0 {
+            return 100.0;
+        }
+        (self.done as f64 * 100.0 / self.total as f64).min(99.9)
+    }
+}
+
+/// A stored content item, for a backfill.
+#[derive(Debug, Clone)]
+pub struct StoredItem {
+    pub user_id: String,
+    pub source: String,
+    pub content_id: String,
+    /// The last event applied to it, as it came; None for an item applied
+    /// before events were kept.
+    pub event: Option<Vec<u8>>,
+}
+
+/// What one step did, to add to its backfill's row.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct HistoryStep {
+    pub done: i64,
+    pub changed: i64,
+    pub unrecoverable: i64,
+    pub failed: i64,
+    pub last_failure: Option<String>,
+}
+
+const COLUMNS: &str = "award_id, award_version, sources, next_user, next_source, next_content,
+     total, done, changed, unrecoverable, failed, last_failure, started_at, finished_at";
+
+fn backfill_from(row: &tokio_postgres::Row) -> HistoryBackfill {
+    HistoryBackfill {
+        award_id: row.get(0),
+        award_version: row.get(1),
+        sources: row.get(2),
+        after: (row.get(3), row.get(4), row.get(5)),
+        total: row.get(6),
+        done: row.get(7),
+        changed: row.get(8),
+        unrecoverable: row.get(9),
+        failed: row.get(10),
+        last_failure: row.get(11),
+        started_at: row.get(12),
+        finished_at: row.get(13),
+    }
+}
+
+impl Store {
+    /// Starts (or starts over) the backfill of `award_id` at `version`
+    /// over the items of `sources`. None if there is no such award.
+    pub async fn request_history_backfill(
+        &self,
+        award_id: &str,
+        version: i32,
+        sources: &[String],
+    ) -> Result<Option<HistoryBackfill>, StoreError> {
+        let row = self
+            .client()
+            .query_opt(
+                &format!(
+                    "INSERT INTO history_backfills (award_id, award_version, sources, total)
+                     SELECT id, $2, $3, (SELECT count(*) FROM content_items WHERE source = ANY($3))
+                     FROM awards WHERE id = $1
+                     ON CONFLICT (award_id) DO UPDATE SET award_version = EXCLUDED.award_version,
+                         sources = EXCLUDED.sources, total = EXCLUDED.total,
+                         next_user = '', next_source = '', next_content = '',
+                         done = 0, changed = 0, unrecoverable = 0, failed = 0, last_failure = NULL,
+                         lease_until = NULL, started_at = now(), finished_at = NULL
+                     RETURNING {COLUMNS}"
+                ),
+                &[&award_id, &version, &sources],
+            )
+            .await
+            .context("requesting a backfill from history")?;
+        Ok(row.as_ref().map(backfill_from))
+    }
+
+    /// Takes the lease of an unfinished backfill (`award_id`'s, or the
+    /// oldest) that no one holds, for `lease`.
+    pub async fn claim_history_backfill(
+        &self,
+        award_id: Option<&str>,
+        lease: Duration,
+    ) -> Result<Option<HistoryBackfill>, StoreError> {
+        let seconds = lease.as_secs_f64();
+        let row = self
+            .client()
+            .query_opt(
+                &format!(
+                    "UPDATE history_backfills SET lease_until = now() + make_interval(secs => $2)
+                     WHERE award_id = (
+                         SELECT award_id FROM history_backfills
+                         WHERE finished_at IS NULL AND ($1::text IS NULL OR award_id = $1)
+                           AND (lease_until IS NULL OR lease_until < now())
+                         ORDER BY started_at LIMIT 1 FOR UPDATE SKIP LOCKED)
+                     RETURNING {COLUMNS}"
+                ),
+                &[&award_id, &seconds],
+            )
+            .await
+            .context("claiming a backfill from history")?;
+        Ok(row.as_ref().map(backfill_from))
+    }
+
+    /// The next `limit` items of `sources` after `after`, in key order.
+    pub async fn history_items(
+        &self,
+        sources: &[String],
+        after: &(String, String, String),
+        limit: i64,
+    ) -> Result<Vec<StoredItem>, StoreError> {
+        let rows = self
+            .client()
+            .query(
+                "SELECT user_id, source, content_id, event FROM content_items
+                 WHERE (user_id, source, content_id) > ($2, $3, $4) AND source = ANY($1)
+                 ORDER BY user_id, source, content_id LIMIT $5",
+                &[&sources, &after.0, &after.1, &after.2, &limit],
+            )
+            .await
+            .context("reading stored content items")?;
+        Ok(rows
+            .iter()
+            .map(|r| StoredItem {
+                user_id: r.get(0),
+                source: r.get(1),
+                content_id: r.get(2),
+                event: r.get(3),
+            })
+            .collect())
+    }
+
+    /// Records a step: the walk moves to `after`, the counts grow, the
+    /// lease is renewed (or the backfill finished). False when the lease
+    /// was lost (another worker took over, or the backfill was started
+    /// over): the caller stops.
+    pub async fn record_history_step(
+        &self,
+        award_id: &str,
+        started_at: DateTime<Utc>,
+        after: &(String, String, String),
+        step: &HistoryStep,
+        finished: bool,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let seconds = lease.as_secs_f64();
+        let n = self
+            .client()
+            .execute(
+                "UPDATE history_backfills SET next_user = $3, next_source = $4, next_content = $5,
+                     done = done + $6, changed = changed + $7, unrecoverable = unrecoverable + $8,
+                     failed = failed + $9, last_failure = coalesce($10, last_failure),
+                     lease_until = CASE WHEN $11 THEN NULL ELSE now() + make_interval(secs => $12) END,
+                     finished_at = CASE WHEN $11 THEN now() END
+                 WHERE award_id = $1 AND started_at = $2 AND finished_at IS NULL",
+                &[
+                    &award_id,
+                    &started_at,
+                    &after.0,
+                    &after.1,
+                    &after.2,
+                    &step.done,
+                    &step.changed,
+                    &step.unrecoverable,
+                    &step.failed,
+                    &step.last_failure,
+                    &finished,
+                    &seconds,
+                ],
+            )
+            .await
+            .context("recording a backfill step")?;
+        Ok(n == 1)
+    }
+
+    /// Gives the lease back (a worker stopping mid-way).
+    pub async fn release_history_backfill(
+        &self,
+        award_id: &str,
+        started_at: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        self.client()
+            .execute(
+                "UPDATE history_backfills SET lease_until = NULL WHERE award_id = $1 AND started_at = $2",
+                &[&award_id, &started_at],
+            )
+            .await
+            .context("releasing a backfill")?;
+        Ok(())
+    }
+
+    /// One award's backfill from history, if it ever had one.
+    pub async fn history_backfill(
+        &self,
+        award_id: &str,
+    ) -> Result<Option<HistoryBackfill>, StoreError> {
+        let row = self
+            .client()
+            .query_opt(
+                &format!("SELECT {COLUMNS} FROM history_backfills WHERE award_id = $1"),
+                &[&award_id],
+            )
+            .await
+            .context("reading a backfill from history")?;
+        Ok(row.as_ref().map(backfill_from))
+    }
+
+    /// Every backfill from history, newest first.
+    pub async fn history_backfills(&self) -> Result<Vec<HistoryBackfill>, StoreError> {
+        let rows = self
+            .client()
+            .query(
+                &format!("SELECT {COLUMNS} FROM history_backfills ORDER BY started_at DESC"),
+                &[],
+            )
+            .await
+            .context("reading backfills from history")?;
+        Ok(rows.iter().map(backfill_from).collect())
+    }
+}

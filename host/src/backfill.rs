@@ -17,13 +17,21 @@
 //! - **One worker at a time**, by a lease on the backfill's row: every
 //!   process running ingest takes up backfills in the background, and
 //!   `laurel awards backfill` works on its own one in the foreground.
+//! - **Analytics events** are not stored: after the items, the backfill
+//!   reads the messages its sources' topics retain, up to what ingest had
+//!   committed (past that, ingest applies them with the award as it is
+//!   now). An award that credits the past keeps the ids of the analytics
+//!   events it counted (`award_events`, live and backfilled alike), so each
+//!   counts once per award, however often it is read. Messages older than
+//!   that record (`LAUREL_LOG_RETENTION_DAYS`, at least 7) are not read.
 //! - **What cannot be recovered is counted, not skipped silently:** items
-//!   applied before Laurel kept their events (`unrecoverable`), and items a
-//!   failing function held or the database refused (`failed`, with the
-//!   last reason; run the backfill again after the fix). Analytics events
-//!   add once per event id and are not stored; they are not backfilled.
+//!   applied before Laurel kept their events (`unrecoverable`); analytics
+//!   past Kafka's retention (the oldest message read is shown, and whether
+//!   every partition still held its first); items and events a failing
+//!   function held or the database refused (`failed`, with the last
+//!   reason; run the backfill again after the fix).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,7 +42,9 @@ use crate::definitions::AwardDefinition;
 use crate::event::Envelope;
 use crate::ingest::{self, Plan};
 use crate::registry::Registry;
-use crate::store::{Batch, Effect, HistoryBackfill, HistoryStep, Message, Store, StoredItem};
+use crate::store::{
+    Batch, Effect, EventsStep, HistoryBackfill, HistoryStep, Message, Store, StoredItem,
+};
 
 /// How long a worker holds a backfill without recording a step.
 pub const LEASE: Duration = Duration::from_secs(30);
@@ -49,12 +59,18 @@ pub const LEASE: Duration = Duration::from_secs(30);
 pub const SETTLE: Duration = Duration::from_secs(5);
 
 /// Backfill settings.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct BackfillSettings {
-    /// Items per step (one transaction per source in it).
+    /// Items (or retained messages) per step (one transaction per source
+    /// in it).
     pub batch: i64,
     /// The largest event accepted (ingest's limit).
     pub max_event_bytes: usize,
+    /// Kafka, for the retained analytics events (None: not read, and said).
+    pub brokers: Option<String>,
+    /// How long the ids of counted analytics events are kept (at least 7
+    /// days, as applied events'): older messages are not read again.
+    pub retention_days: i32,
 }
 
 /// Starts (or starts over) the backfill from history of `award_id`, over
@@ -112,6 +128,9 @@ pub struct Backfiller {
     /// registry generation).
     plans: HashMap<String, Plan>,
     planned: Option<(String, i32, u64)>,
+    brokers: Option<String>,
+    /// Made at the first analytics step.
+    reader: Option<ingest::RetainedReader>,
 }
 
 impl Backfiller {
@@ -119,9 +138,11 @@ impl Backfiller {
         Backfiller {
             store,
             registry,
+            brokers: settings.brokers.clone().filter(|b| !b.is_empty()),
             settings,
             plans: HashMap::new(),
             planned: None,
+            reader: None,
         }
     }
 
@@ -175,18 +196,16 @@ impl Backfiller {
                 _ = stop.changed() => {}
             }
         }
-        loop {
+        // The stored items, then the retained analytics events.
+        while backfill.positions.is_none() {
             if *stop.borrow() {
-                self.store
-                    .release_history_backfill(&backfill.award_id, backfill.started_at)
-                    .await?;
-                return Ok(Some(backfill));
+                return self.release(backfill).await;
             }
             let items = self
                 .store
                 .history_items(&backfill.sources, &backfill.after, self.settings.batch)
                 .await?;
-            let finished = (items.len() as i64) < self.settings.batch;
+            let walked = (items.len() as i64) < self.settings.batch;
             let step = self.step(&award, version, &items).await?;
             let after = items
                 .last()
@@ -199,13 +218,12 @@ impl Backfiller {
                     backfill.started_at,
                     &after,
                     &step,
-                    finished,
+                    false,
                     LEASE,
                 )
                 .await?;
             if !recorded {
-                info!(message = "Backfill taken over or started again elsewhere; leaving it.", award = %backfill.award_id);
-                return Ok(self.store.history_backfill(&backfill.award_id).await?);
+                return self.lost(&backfill).await;
             }
             backfill.after = after;
             backfill.done += step.done;
@@ -215,15 +233,227 @@ impl Backfiller {
             if step.last_failure.is_some() {
                 backfill.last_failure = step.last_failure;
             }
+            if walked {
+                let (positions, from_start, note) = self.retained(&backfill).await?;
+                if !self
+                    .store
+                    .start_history_events(
+                        &backfill.award_id,
+                        backfill.started_at,
+                        &positions,
+                        from_start,
+                        note.as_deref(),
+                    )
+                    .await?
+                {
+                    return self.lost(&backfill).await;
+                }
+                backfill.events_total = positions.values().map(|(next, end)| end - next).sum();
+                backfill.positions = Some(positions);
+                backfill.from_start = from_start;
+                backfill.events_note = note;
+            }
+            progress(&backfill);
+        }
+        loop {
+            if *stop.borrow() {
+                return self.release(backfill).await;
+            }
+            let positions = backfill.positions.as_ref().expect("in the analytics phase");
+            let next = positions
+                .iter()
+                .find(|(_, (next, end))| next < end)
+                .map(|(key, (next, end))| (key.clone(), *next, *end));
+            let step = match &next {
+                Some((key, from, to)) => self.events_step(&award, version, key, *from, *to).await?,
+                None => EventsStep::default(),
+            };
+            let finished = next.is_none();
+            if !self
+                .store
+                .record_events_step(
+                    &backfill.award_id,
+                    backfill.started_at,
+                    &step,
+                    finished,
+                    LEASE,
+                )
+                .await?
+            {
+                return self.lost(&backfill).await;
+            }
+            if let (Some((key, next)), Some(positions)) =
+                (&step.position, backfill.positions.as_mut())
+                && let Some(position) = positions.get_mut(key)
+            {
+                position.0 = *next;
+            }
+            backfill.events_done += step.done;
+            backfill.events_applied += step.applied;
+            backfill.failed += step.failed;
+            if step.last_failure.is_some() {
+                backfill.last_failure = step.last_failure;
+            }
+            if let Some(oldest) = step.oldest {
+                backfill.events_from = Some(backfill.events_from.map_or(oldest, |f| f.min(oldest)));
+            }
             if finished {
                 backfill.finished_at = Some(chrono::Utc::now());
-                info!(message = "Backfill from history finished.", award = %backfill.award_id, items = backfill.done, changed = backfill.changed, unrecoverable = backfill.unrecoverable, failed = backfill.failed);
+                info!(message = "Backfill from history finished.", award = %backfill.award_id, items = backfill.done, changed = backfill.changed, unrecoverable = backfill.unrecoverable, events = backfill.events_done, events_applied = backfill.events_applied, failed = backfill.failed);
             }
             progress(&backfill);
             if finished {
                 return Ok(Some(backfill));
             }
         }
+    }
+
+    async fn release(
+        &mut self,
+        backfill: HistoryBackfill,
+    ) -> anyhow::Result<Option<HistoryBackfill>> {
+        self.store
+            .release_history_backfill(&backfill.award_id, backfill.started_at)
+            .await?;
+        Ok(Some(backfill))
+    }
+
+    async fn lost(
+        &mut self,
+        backfill: &HistoryBackfill,
+    ) -> anyhow::Result<Option<HistoryBackfill>> {
+        info!(message = "Backfill taken over or started again elsewhere; leaving it.", award = %backfill.award_id);
+        Ok(self.store.history_backfill(&backfill.award_id).await?)
+    }
+
+    /// What the analytics phase reads: per partition of each source's
+    /// topic, the retained messages ingest had committed (past those,
+    /// ingest applies with the award as it is now). Whether every
+    /// partition still holds its first message; why nothing is read, if so.
+    async fn retained(
+        &mut self,
+        backfill: &HistoryBackfill,
+    ) -> anyhow::Result<(BTreeMap<String, (i64, i64)>, bool, Option<String>)> {
+        let mut positions = BTreeMap::new();
+        let Some(brokers) = &self.brokers else {
+            return Ok((
+                positions,
+                true,
+                Some("no Kafka brokers (LAUREL_KAFKA_BROKERS): retained analytics events were not read".into()),
+            ));
+        };
+        let topics: HashMap<String, String> = self
+            .store
+            .sources()
+            .await?
+            .into_iter()
+            .map(|s| (s.name, s.topic))
+            .collect();
+        let mut from_start = true;
+        for source in &backfill.sources {
+            let Some(topic) = topics.get(source) else {
+                continue;
+            };
+            let group = format!("{}.{source}", ingest::GROUP_PREFIX);
+            for (partition, low, end) in ingest::committed_ranges(brokers, &group, topic).await? {
+                from_start &= low == 0;
+                positions.insert(format!("{source}/{partition}"), (low, end));
+            }
+        }
+        Ok((positions, from_start, None))
+    }
+
+    /// One step of the analytics phase: up to a batch of one partition's
+    /// retained messages; their analytics events through the award's
+    /// objectives, once per award and event id.
+    async fn events_step(
+        &mut self,
+        award: &AwardDefinition,
+        version: i32,
+        key: &str,
+        from: i64,
+        to: i64,
+    ) -> anyhow::Result<EventsStep> {
+        let (source, partition) = key
+            .rsplit_once('/')
+            .and_then(|(s, p)| Some((s.to_string(), p.parse::<i32>().ok()?)))
+            .ok_or_else(|| anyhow::anyhow!("a backfill position {key:?} names no partition"))?;
+        let topic = self
+            .store
+            .sources()
+            .await?
+            .into_iter()
+            .find(|s| s.name == source)
+            .map(|s| s.topic)
+            .ok_or_else(|| anyhow::anyhow!("source {source} is no longer registered"))?;
+        let brokers = self.brokers.clone().unwrap_or_default();
+        let reader = self
+            .reader
+            .get_or_insert_with(|| ingest::RetainedReader::new(&brokers));
+        let (messages, low) = reader
+            .read(&topic, partition, from, to, self.settings.batch)
+            .await?;
+        let next = messages
+            .last()
+            .map_or(to.min(from.max(low)), |m| m.offset + 1);
+        let mut step = EventsStep {
+            position: Some((key.to_string(), next.max(from.max(low).min(to)))),
+            done: next - from,
+            ..EventsStep::default()
+        };
+        if messages.is_empty() && from.max(low) < to {
+            // Nothing came back for offsets that should be there: past
+            // them, as there is nothing more to read.
+            step.position = Some((key.to_string(), to));
+            step.done = to - from;
+        }
+        // Only what a record of counted events covers: older ids may be
+        // pruned, so those events are not read again.
+        let oldest_readable =
+            chrono::Utc::now() - chrono::Duration::days(i64::from(self.settings.retention_days));
+        let stored: Vec<Message<'_>> = messages
+            .iter()
+            .map(|m| Message {
+                topic: &topic,
+                partition,
+                offset: m.offset,
+                key: m.key.as_deref(),
+                value: m.value.as_deref(),
+            })
+            .collect();
+        let mut admitted: Vec<(usize, Envelope)> = Vec::new();
+        for (index, m) in messages.iter().enumerate() {
+            let at = m
+                .timestamp_ms
+                .and_then(chrono::DateTime::<chrono::Utc>::from_timestamp_millis);
+            if at.is_some_and(|at| at < oldest_readable) {
+                continue;
+            }
+            match ingest::check_message(
+                m.key.as_deref(),
+                m.value.as_deref(),
+                &source,
+                self.settings.max_event_bytes,
+            ) {
+                // Content events count through their items (the first phase).
+                Ok(envelope) if envelope.content_id.is_some() => {}
+                Ok(envelope) => {
+                    if let Some(at) = at {
+                        step.oldest = Some(step.oldest.map_or(at, |o| o.min(at)));
+                    }
+                    admitted.push((index, envelope));
+                }
+                // Dead-lettered when it came: nothing to count.
+                Err(_) => {}
+            }
+        }
+        let (applied, failed, last_failure) = self
+            .apply(award, version, &source, &stored, admitted)
+            .await?;
+        step.applied = applied;
+        step.failed = failed;
+        step.last_failure = last_failure;
+        Ok(step)
     }
 
     /// One step: `items` (in key order) through the award's objectives,
@@ -238,57 +468,67 @@ impl Backfiller {
             done: items.len() as i64,
             ..HistoryStep::default()
         };
-        let planned = Some((award.id.clone(), version, self.registry.generation()));
-        if self.planned != planned {
-            self.plans.clear();
-            self.planned = planned;
-        }
         let mut sources: Vec<&str> = items.iter().map(|i| i.source.as_str()).collect();
         sources.sort_unstable();
         sources.dedup();
         for source in sources {
             let part: Vec<&StoredItem> = items.iter().filter(|i| i.source == source).collect();
-            self.apply_source(award, source, &part, &mut step).await?;
+            let messages: Vec<Message<'_>> = part
+                .iter()
+                .map(|i| Message {
+                    topic: "",
+                    partition: -1,
+                    offset: -1,
+                    key: Some(i.user_id.as_bytes()),
+                    value: i.event.as_deref(),
+                })
+                .collect();
+            let mut admitted: Vec<(usize, Envelope)> = Vec::new();
+            for (index, item) in part.iter().enumerate() {
+                if item.event.is_none() {
+                    step.unrecoverable += 1;
+                    continue;
+                }
+                let m = messages[index];
+                match ingest::check_message(m.key, m.value, source, self.settings.max_event_bytes) {
+                    Ok(envelope) if envelope.content_id.is_some() => {
+                        admitted.push((index, envelope))
+                    }
+                    Ok(_) => {}
+                    Err(reason) => {
+                        step.failed += 1;
+                        step.last_failure = Some(format!(
+                            "item {}/{}/{}: {reason}",
+                            item.user_id, source, item.content_id
+                        ));
+                    }
+                }
+            }
+            let (changed, failed, last_failure) = self
+                .apply(award, version, source, &messages, admitted)
+                .await?;
+            step.changed += changed;
+            step.failed += failed;
+            if last_failure.is_some() {
+                step.last_failure = last_failure;
+            }
         }
         Ok(step)
     }
 
-    async fn apply_source(
+    /// `admitted` events of `source` (positions in `messages`) through the
+    /// award's objectives, applied as a backfill. An event a function could
+    /// not decide for one objective is not applied to the award at all
+    /// (counted as failed: a backfill after the fix applies it whole).
+    /// Returns (contributions changed, events failed, the last reason).
+    async fn apply(
         &mut self,
         award: &AwardDefinition,
+        version: i32,
         source: &str,
-        items: &[&StoredItem],
-        step: &mut HistoryStep,
-    ) -> anyhow::Result<()> {
-        let messages: Vec<Message<'_>> = items
-            .iter()
-            .map(|i| Message {
-                topic: "",
-                partition: -1,
-                offset: -1,
-                key: Some(i.user_id.as_bytes()),
-                value: i.event.as_deref(),
-            })
-            .collect();
-        let mut admitted: Vec<(usize, Envelope)> = Vec::new();
-        for (index, item) in items.iter().enumerate() {
-            if item.event.is_none() {
-                step.unrecoverable += 1;
-                continue;
-            }
-            let m = messages[index];
-            match ingest::check_message(m.key, m.value, source, self.settings.max_event_bytes) {
-                Ok(envelope) if envelope.content_id.is_some() => admitted.push((index, envelope)),
-                Ok(_) => {}
-                Err(reason) => {
-                    step.failed += 1;
-                    step.last_failure = Some(format!(
-                        "item {}/{}/{}: {reason}",
-                        item.user_id, source, item.content_id
-                    ));
-                }
-            }
-        }
+        messages: &[Message<'_>],
+        mut admitted: Vec<(usize, Envelope)>,
+    ) -> anyhow::Result<(i64, i64, Option<String>)> {
         // Users who get no progress, as in ingest (their events were
         // logged as skipped when they came).
         let users: Vec<&str> = admitted
@@ -306,9 +546,14 @@ impl Backfiller {
         admitted
             .retain(|(index, envelope)| !ingest::skipped(*index, envelope, &excluded, &mut unused));
         if admitted.is_empty() {
-            return Ok(());
+            return Ok((0, 0, None));
         }
 
+        let planned = Some((award.id.clone(), version, self.registry.generation()));
+        if self.planned != planned {
+            self.plans.clear();
+            self.planned = planned;
+        }
         let plan = match self.plans.remove(source) {
             Some(plan) => plan,
             None => {
@@ -318,43 +563,48 @@ impl Backfiller {
             }
         };
         let (indexes, envelopes): (Vec<usize>, Vec<Envelope>) = admitted.into_iter().unzip();
-        let (plan, evaluation) = tokio::task::spawn_blocking(move || {
+        let (plan, mut evaluation) = tokio::task::spawn_blocking(move || {
             let mut plan = plan;
             let evaluation = plan.evaluate(&envelopes, &indexes);
             (plan, evaluation)
         })
         .await?;
         self.plans.insert(source.to_string(), plan);
-        let held_reason = evaluation.outcomes.iter().find_map(|o| match &o.effect {
-            Effect::Held { reason } => Some(format!(
-                "award {}, objective {}: {reason}",
-                o.award_id, o.objective_id
-            )),
-            _ => None,
-        });
+        let mut last_failure = None;
+        let held: HashSet<usize> = evaluation
+            .outcomes
+            .iter()
+            .filter_map(|o| match &o.effect {
+                Effect::Held { reason } => {
+                    last_failure = Some(format!(
+                        "event {} (user {}): award {}, objective {}: {reason}",
+                        o.event_id, o.user_id, o.award_id, o.objective_id
+                    ));
+                    Some(o.index)
+                }
+                _ => None,
+            })
+            .collect();
+        evaluation.outcomes.retain(|o| !held.contains(&o.index));
         let batch = Batch {
             source,
-            messages: &messages,
+            messages,
             outcomes: &evaluation.outcomes,
             log: &evaluation.log,
             dead: &[],
             replaying: &[],
             backfill: true,
+            recorded: &[],
         };
         let (applied, refused) = ingest::apply_isolating(&mut self.store, &batch).await?;
-        step.changed += applied.changed as i64;
-        let held: u64 = applied.held.values().sum();
-        step.failed += held as i64 + applied.refused.len() as i64 + refused.len() as i64;
-        if let Some(reason) = held_reason {
-            step.last_failure = Some(reason);
-        }
+        let failed = held.len() + applied.refused.len() + refused.len();
         if let Some((_, reason)) = applied.refused.first() {
-            step.last_failure = Some(reason.clone());
+            last_failure = Some(reason.clone());
         }
         if let Some(dead) = refused.first() {
-            step.last_failure = Some(dead.reason.clone());
+            last_failure = Some(dead.reason.clone());
         }
-        Ok(())
+        Ok((applied.changed as i64, failed as i64, last_failure))
     }
 }
 
@@ -374,7 +624,7 @@ pub async fn run(
         let pause = match backfiller.as_mut() {
             None => match Store::connect(&database_url).await {
                 Ok(store) => {
-                    backfiller = Some(Backfiller::new(store, registry.clone(), settings));
+                    backfiller = Some(Backfiller::new(store, registry.clone(), settings.clone()));
                     Duration::ZERO
                 }
                 Err(error) => {

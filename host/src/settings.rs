@@ -177,6 +177,7 @@ impl Serving {
     pub fn wire(&mut self, connections: &Connections, brokers: &str) {
         let brokers = brokers.to_string();
         self.ingest.brokers = brokers.clone();
+        self.ingest.log_retention_days = self.process.log_retention_days;
         self.notify.redis_url = Some(connections.redis_url.clone());
         let api = &mut self.api;
         api.database_url = connections.database_url.clone();

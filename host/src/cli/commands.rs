@@ -453,6 +453,8 @@ pub(super) async fn awards(
             sandbox,
             batch,
             max_event_bytes,
+            kafka_brokers,
+            log_retention_days,
         } => {
             let runtime = sandbox.runtime()?;
             super::roles::prepare(connections, &runtime).await?;
@@ -478,6 +480,8 @@ pub(super) async fn awards(
             let settings = crate::backfill::BackfillSettings {
                 batch,
                 max_event_bytes,
+                brokers: kafka_brokers,
+                retention_days: log_retention_days.max(7),
             };
             let done = backfill_here(store, registry, settings, &id).await?;
             print_history_backfill(&done);
@@ -512,18 +516,19 @@ async fn backfill_here(
         if terminal {
             let filled = (percent / 5.0) as usize;
             eprint!(
-                "\r[{}{}] {percent:5.1}% {} of {} items, {} changed",
+                "\r[{}{}] {percent:5.1}% {} of {} items, {} of {} retained messages",
                 "#".repeat(filled),
                 " ".repeat(20 - filled.min(20)),
                 b.done,
                 b.total,
-                b.changed
+                b.events_done,
+                b.events_total
             );
             let _ = std::io::stderr().flush();
         } else {
             eprintln!(
-                "{percent:.1}% {} of {} items, {} changed",
-                b.done, b.total, b.changed
+                "{percent:.1}% {} of {} items, {} of {} retained messages",
+                b.done, b.total, b.events_done, b.events_total
             );
         }
     };
@@ -553,8 +558,15 @@ async fn backfill_here(
 
 fn print_history_backfill(b: &crate::store::HistoryBackfill) {
     println!(
-        "backfilled {} v{} from history: {} item(s), {} changed a counter, {} unrecoverable, {} failed",
-        b.award_id, b.award_version, b.done, b.changed, b.unrecoverable, b.failed
+        "backfilled {} v{} from history: {} item(s), {} changed a counter, {} unrecoverable; {} retained message(s) read, {} analytics event(s) counted; {} failed",
+        b.award_id,
+        b.award_version,
+        b.done,
+        b.changed,
+        b.unrecoverable,
+        b.events_done,
+        b.events_applied,
+        b.failed
     );
     if b.unrecoverable > 0 {
         println!(
@@ -562,12 +574,22 @@ fn print_history_backfill(b: &crate::store::HistoryBackfill) {
             b.unrecoverable
         );
     }
+    match (&b.events_note, b.from_start, b.events_from) {
+        (Some(note), _, _) => println!("  {note}"),
+        (None, true, _) => println!(
+            "  analytics: every partition still holds its first message, so no analytics event is past Kafka's retention"
+        ),
+        (None, false, Some(from)) => println!(
+            "  analytics before {} are past Kafka's retention (or Laurel's record of counted events): not credited",
+            from.to_rfc3339()
+        ),
+        (None, false, None) => println!(
+            "  analytics: Kafka retains none of the events before the award (past its retention): not credited"
+        ),
+    }
     if let Some(reason) = &b.last_failure {
         println!("  last failure: {reason}");
     }
-    println!(
-        "  analytics events (additive, counted once per id) are not stored, so they are not backfilled"
-    );
 }
 
 async fn show_user(store: &Store, user_id: &str) -> anyhow::Result<()> {

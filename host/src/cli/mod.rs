@@ -274,6 +274,20 @@ enum AwardsCommand {
         /// Stored events larger than this are not evaluated (ingest's limit).
         #[arg(long, env = "LAUREL_MAX_EVENT_BYTES", default_value_t = crate::ingest::MAX_EVENT_BYTES)]
         max_event_bytes: usize,
+        /// Kafka bootstrap servers: the retained analytics events of the
+        /// award's sources are read there (without, they are not, and the
+        /// output says so).
+        #[arg(long, env = "LAUREL_KAFKA_BROKERS", value_name = "HOST:PORT,...")]
+        kafka_brokers: Option<String>,
+        /// How long ids of counted analytics events are kept (as `laurel
+        /// up`): older retained messages are not read again.
+        #[arg(
+            long,
+            env = "LAUREL_LOG_RETENTION_DAYS",
+            default_value_t = 30,
+            value_name = "DAYS"
+        )]
+        log_retention_days: i32,
     },
 }
 

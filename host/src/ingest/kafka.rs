@@ -512,3 +512,181 @@ pub async fn consumer_lag(brokers: &str, group: &str, topic: &str) -> Result<i64
     .await
     .map_err(task("lag check"))?
 }
+
+/// Per partition of `topic`: (partition, low watermark, what `group` has
+/// committed). What a backfill may read again: retained, and applied by
+/// ingest already (what is past the committed offset, ingest applies with
+/// the awards as they are now).
+pub async fn committed_ranges(
+    brokers: &str,
+    group: &str,
+    topic: &str,
+) -> Result<Vec<(i32, i64, i64)>, BrokerError> {
+    const TIMEOUT: Duration = Duration::from_secs(5);
+    let (brokers, group, topic) = (brokers.to_string(), group.to_string(), topic.to_string());
+    tokio::task::spawn_blocking(move || {
+        let consumer: BaseConsumer = client_config(&brokers)
+            .set("group.id", &group)
+            .set("enable.auto.commit", "false")
+            .create()
+            .map_err(asking(format!("Kafka client for {brokers}")))?;
+        let partitions = partitions(&consumer, &topic, TIMEOUT)?;
+        let mut wanted = TopicPartitionList::new();
+        for partition in &partitions {
+            wanted.add_partition(&topic, *partition);
+        }
+        let mut ranges = Vec::new();
+        {
+            // Dropped before the consumer (see `consumer_lag`).
+            let committed = consumer
+                .committed_offsets(wanted, TIMEOUT)
+                .map_err(asking(format!("committed offsets of group {group}")))?;
+            for partition in &partitions {
+                let (low, _) = consumer
+                    .fetch_watermarks(&topic, *partition, TIMEOUT)
+                    .map_err(asking(format!("watermarks of {topic}/{partition}")))?;
+                let end = match committed
+                    .find_partition(&topic, *partition)
+                    .map(|p| p.offset())
+                {
+                    Some(Offset::Offset(offset)) => offset,
+                    _ => low,
+                };
+                ranges.push((*partition, low, end.max(low)));
+            }
+        }
+        Ok(ranges)
+    })
+    .await
+    .map_err(task("reading committed offsets"))?
+}
+
+/// A message read back from a topic.
+#[derive(Debug, Clone)]
+pub struct RetainedMessage {
+    pub offset: i64,
+    pub key: Option<Vec<u8>>,
+    pub value: Option<Vec<u8>>,
+    /// The message's time, in milliseconds since the epoch.
+    pub timestamp_ms: Option<i64>,
+}
+
+/// Reads retained messages back, one range of one partition at a time,
+/// with one client for all of them.
+pub struct RetainedReader {
+    brokers: String,
+    consumer: Option<BaseConsumer>,
+}
+
+impl RetainedReader {
+    pub fn new(brokers: &str) -> RetainedReader {
+        RetainedReader {
+            brokers: brokers.to_string(),
+            consumer: None,
+        }
+    }
+
+    /// Up to `max` messages of `topic`/`partition` from offset `from` to
+    /// `to` (exclusive), in order; and the partition's low watermark now
+    /// (messages below it are past retention: reading starts there).
+    pub async fn read(
+        &mut self,
+        topic: &str,
+        partition: i32,
+        from: i64,
+        to: i64,
+        max: i64,
+    ) -> Result<(Vec<RetainedMessage>, i64), BrokerError> {
+        const TIMEOUT: Duration = Duration::from_secs(5);
+        let consumer = match self.consumer.take() {
+            Some(consumer) => consumer,
+            None => client_config(&self.brokers)
+                .set("group.id", "laurel-backfill")
+                .set("enable.auto.commit", "false")
+                .set("enable.partition.eof", "true")
+                .create()
+                .map_err(asking(format!("Kafka client for {}", self.brokers)))?,
+        };
+        let topic = topic.to_string();
+        let (result, consumer) = tokio::task::spawn_blocking(move || {
+            let result = read_range(&consumer, &topic, partition, from, to, max, TIMEOUT);
+            (result, consumer)
+        })
+        .await
+        .map_err(task("reading retained messages"))?;
+        // A client that failed is made anew next time.
+        if result.is_ok() {
+            self.consumer = Some(consumer);
+        }
+        result
+    }
+}
+
+fn read_range(
+    consumer: &BaseConsumer,
+    topic: &str,
+    partition: i32,
+    from: i64,
+    to: i64,
+    max: i64,
+    timeout: Duration,
+) -> Result<(Vec<RetainedMessage>, i64), BrokerError> {
+    let (low, _) = consumer
+        .fetch_watermarks(topic, partition, timeout)
+        .map_err(asking(format!("watermarks of {topic}/{partition}")))?;
+    let start = from.max(low);
+    let end = to.min(start + max);
+    let mut found = Vec::new();
+    if start >= end {
+        return Ok((found, low));
+    }
+    let mut assignment = TopicPartitionList::new();
+    assignment
+        .add_partition_offset(topic, partition, Offset::Offset(start))
+        .map_err(asking(format!("offsets of {topic}/{partition}")))?;
+    consumer
+        .assign(&assignment)
+        .map_err(asking(format!("reading {topic}/{partition}")))?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut next = start;
+    while next < end {
+        if std::time::Instant::now() > deadline {
+            return Err(BrokerError::Task {
+                asking: "reading retained messages",
+                reason: format!(
+                    "{topic}/{partition}: offsets {next}..{end} did not arrive within 30 s"
+                ),
+            });
+        }
+        match consumer.poll(Duration::from_millis(200)) {
+            Some(Ok(message)) => {
+                // Left from an earlier range, or before this one.
+                if message.topic() != topic
+                    || message.partition() != partition
+                    || message.offset() < next
+                {
+                    continue;
+                }
+                if message.offset() >= end {
+                    break;
+                }
+                next = message.offset() + 1;
+                found.push(RetainedMessage {
+                    offset: message.offset(),
+                    key: message.key().map(<[u8]>::to_vec),
+                    value: message.payload().map(<[u8]>::to_vec),
+                    timestamp_ms: message.timestamp().to_millis(),
+                });
+            }
+            // The end of what the partition holds (offsets past the last
+            // message are markers, not messages).
+            Some(Err(KafkaError::PartitionEOF(p))) if p == partition => break,
+            Some(Err(KafkaError::PartitionEOF(_))) => {}
+            Some(Err(error)) => {
+                return Err(asking(format!("reading {topic}/{partition}"))(error));
+            }
+            None => {}
+        }
+    }
+    Ok((found, low))
+}

@@ -17,8 +17,8 @@ mod replay;
 mod verdict;
 
 pub use kafka::{
-    BrokerError, EventPublisher, LocalBroker, check_brokers, consumer_lag, producer, publish,
-    recent_messages, recent_payloads,
+    BrokerError, EventPublisher, LocalBroker, RetainedMessage, RetainedReader, check_brokers,
+    committed_ranges, consumer_lag, producer, publish, recent_messages, recent_payloads,
 };
 pub use plan::{Evaluation, Plan, Scope};
 pub use replay::{ReplayReport, replay};
@@ -127,6 +127,10 @@ pub struct IngestSettings {
         value_name = "ITEMS"
     )]
     pub backfill_batch: usize,
+    /// The process's `LAUREL_LOG_RETENTION_DAYS` (how long the ids of
+    /// counted analytics events are kept, at least 7 days).
+    #[arg(skip = 30)]
+    pub log_retention_days: i32,
 }
 
 impl IngestSettings {
@@ -135,6 +139,8 @@ impl IngestSettings {
         crate::backfill::BackfillSettings {
             batch: self.backfill_batch as i64,
             max_event_bytes: self.max_event_bytes,
+            brokers: Some(self.brokers.clone()),
+            retention_days: self.log_retention_days.max(7),
         }
     }
 }
@@ -466,6 +472,8 @@ struct SourceConsumer {
     is_paused: bool,
     plan: Option<Plan>,
     plan_generation: (u64, u64),
+    /// Awards whose analytics events are recorded by id (`recorded_awards`).
+    recorded: Vec<String>,
 }
 
 impl SourceConsumer {
@@ -495,6 +503,7 @@ impl SourceConsumer {
             is_paused: false,
             plan: None,
             plan_generation: (u64::MAX, u64::MAX),
+            recorded: Vec::new(),
         })
     }
 
@@ -634,6 +643,7 @@ impl SourceConsumer {
                     .await?;
             info!(message = "Objectives planned.", source = %self.source.name, objectives = plan.objective_count(), unbound = plan.unbound.len());
             self.plan = Some(plan);
+            self.recorded = recorded_awards(&self.shared.catalog);
             self.plan_generation = generation;
         }
         let mut plan = self.plan.take().expect("planned above");
@@ -659,6 +669,7 @@ impl SourceConsumer {
             dead: &dead,
             replaying: &[],
             backfill: false,
+            recorded: &self.recorded,
         };
         let applying = std::time::Instant::now();
         let mut retry = Retry::new(&self.source.name);
@@ -818,6 +829,17 @@ async fn publish_dead_letter(
 
 /// Whether `envelope`'s user gets no progress (not authorized, banned or
 /// deleted); if so, the skip is logged.
+/// The awards that credit the past (`"backfill": "history"`): the analytics
+/// events they count are recorded by id, so a backfill counts each once.
+pub(crate) fn recorded_awards(catalog: &Catalog) -> Vec<String> {
+    catalog
+        .awards()
+        .iter()
+        .filter(|a| a.backfill.is_some())
+        .map(|a| a.id.clone())
+        .collect()
+}
+
 pub(crate) fn skipped(
     index: usize,
     envelope: &Envelope,

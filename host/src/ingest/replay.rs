@@ -59,6 +59,7 @@ pub async fn replay(
     let (name, awards, registry) = (source.to_string(), catalog.awards(), registry.clone());
     let mut plan =
         tokio::task::spawn_blocking(move || Plan::build(&name, &awards, &registry)).await?;
+    let recorded = super::recorded_awards(catalog);
     let mut report = ReplayReport::default();
     let mut after = 0;
     loop {
@@ -70,7 +71,7 @@ pub async fn replay(
         };
         after = last.id;
         let (returned, applied, failed) =
-            replay_chunk(store, plan, source, &letters, max_event_bytes).await?;
+            replay_chunk(store, plan, source, &letters, max_event_bytes, &recorded).await?;
         plan = returned;
         report.replayed += applied.resolved;
         report.still_failing += applied.still_held + failed.len();
@@ -95,6 +96,7 @@ async fn replay_chunk(
     source: &str,
     letters: &[StoredLetter],
     max_event_bytes: usize,
+    recorded: &[String],
 ) -> anyhow::Result<(Plan, Applied, Vec<(i64, String)>)> {
     let messages: Vec<Message<'_>> = letters
         .iter()
@@ -171,6 +173,7 @@ async fn replay_chunk(
         dead: &[],
         replaying: &replaying,
         backfill: false,
+        recorded,
     };
     let (applied, refused) = super::apply_isolating(store, &batch).await?;
     // An event PostgreSQL refuses now is kept as it was, with that reason.

@@ -131,8 +131,13 @@ pub struct Batch<'a> {
     /// stored last event, and the outcomes are those of the objectives
     /// being backfilled. It applies at the item's own order; what a
     /// failing function holds is counted (`Applied::held`), not kept as a
-    /// dead letter: the backfill is run again after the fix.
+    /// dead letter: the backfill is run again after the fix. Its analytics
+    /// events count once per award (`award_events`), not once per source.
     pub backfill: bool,
+    /// Awards that credit the past: the ids of the analytics events they
+    /// count are kept (`award_events`), so a backfill reading those events
+    /// again from Kafka counts each once.
+    pub recorded: &'a [String],
 }
 
 impl<'a> Batch<'a> {
@@ -146,6 +151,7 @@ impl<'a> Batch<'a> {
             dead: &[],
             replaying: &[],
             backfill: false,
+            recorded: &[],
         }
     }
 
@@ -210,6 +216,7 @@ impl BatchPart {
             dead: &self.dead,
             replaying: &self.replaying,
             backfill: whole.backfill,
+            recorded: whole.recorded,
         }
     }
 }
@@ -432,8 +439,20 @@ impl Store {
             .collect::<BTreeSet<_>>()
             .into_iter()
             .collect();
+        // A backfill's analytics events count once per award: what matters
+        // is whether that award counted them (live, or in an earlier pass).
+        let backfill_award = outcomes.first().map(|o| o.award_id.as_str());
         let seen_rows = if additive_ids.is_empty() {
             Vec::new()
+        } else if batch.backfill {
+            tx.query(
+                "SELECT a.event_id FROM unnest($3::text[]) AS k(e)
+                 CROSS JOIN LATERAL (SELECT event_id FROM award_events a
+                     WHERE a.award_id = $1 AND a.source = $2 AND a.event_id = k.e OFFSET 0) a",
+                &[&backfill_award, &source, &additive_ids],
+            )
+            .await
+            .context("reading the award's counted events")?
         } else {
             tx.query(
                 "SELECT a.event_id FROM unnest($2::text[]) AS k(e)
@@ -506,7 +525,9 @@ impl Store {
         applied.objectives = decision.totals.len();
         write_items(&tx, &batch, &decision, &view).await?;
         write_totals(&tx, &decision).await?;
-        if !decision.newly_applied.is_empty() {
+        // A backfill's events were applied by ingest before (or will be,
+        // past what it had committed): only the award's own record moves.
+        if !decision.newly_applied.is_empty() && !batch.backfill {
             let newly_applied: Vec<&str> = decision.newly_applied.iter().copied().collect();
             tx.execute(
                 "INSERT INTO applied_events (source, event_id) SELECT $1, unnest($2::text[]) ON CONFLICT DO NOTHING",
@@ -514,6 +535,23 @@ impl Store {
             )
             .await
             .context("recording applied events")?;
+        }
+        let counted: BTreeSet<(&str, &str)> = outcomes
+            .iter()
+            .filter(|o| o.content_id.is_none())
+            .filter(|o| batch.backfill || batch.recorded.contains(&o.award_id))
+            .filter(|o| decision.newly_applied.contains(o.event_id.as_str()))
+            .map(|o| (o.award_id.as_str(), o.event_id.as_str()))
+            .collect();
+        if !counted.is_empty() {
+            let (a, e): (Vec<&str>, Vec<&str>) = counted.into_iter().unzip();
+            tx.execute(
+                "INSERT INTO award_events (award_id, source, event_id)
+                 SELECT a, $1, e FROM unnest($2::text[], $3::text[]) AS k(a, e) ON CONFLICT DO NOTHING",
+                &[&source, &a, &e],
+            )
+            .await
+            .context("recording the events awards counted")?;
         }
 
         // Dead letters: whole events (from before the database, and those
@@ -970,6 +1008,17 @@ impl Store {
             )
             .await
             .context("pruning applied events")?;
+        // Kept as long: a backfill reads no analytics older than that.
+        let counted = self
+            .client()
+            .execute(
+                "DELETE FROM award_events WHERE (award_id, source, event_id) IN (
+                     SELECT award_id, source, event_id FROM award_events
+                     WHERE applied_at < now() - make_interval(days => $1) LIMIT $2)",
+                &[&applied_days, &limit],
+            )
+            .await
+            .context("pruning the events awards counted")?;
         // Dead letters, replayed or not: the dead-letter topic's retention
         // is the longer record.
         let letters = self
@@ -992,7 +1041,7 @@ impl Store {
             )
             .await
             .context("pruning finished notifications")?;
-        Ok(log + applied + letters + notifications)
+        Ok(log + applied + counted + letters + notifications)
     }
 }
 

@@ -6,9 +6,11 @@
 //! was applied but not recorded is done again, which changes nothing
 //! (contributions are absolute).
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use serde_json::Value;
 
 use super::{QueryContext, Store, StoreError};
 
@@ -27,18 +29,35 @@ pub struct HistoryBackfill {
     pub unrecoverable: i64,
     pub failed: i64,
     pub last_failure: Option<String>,
+    /// The analytics phase: per `<source>/<partition>`, the next offset to
+    /// read and the end (what ingest had committed); None until the items
+    /// are walked.
+    pub positions: Option<BTreeMap<String, (i64, i64)>>,
+    pub events_total: i64,
+    pub events_done: i64,
+    /// Analytics events counted for the first time.
+    pub events_applied: i64,
+    /// The oldest retained message read (analytics before it are past
+    /// Kafka's retention), and whether every partition still held its
+    /// first message.
+    pub events_from: Option<DateTime<Utc>>,
+    pub from_start: bool,
+    /// Why no analytics were read, if they were not.
+    pub events_note: Option<String>,
     pub started_at: DateTime<Utc>,
     pub finished_at: Option<DateTime<Utc>>,
 }
 
 impl HistoryBackfill {
-    /// Percent done (of the items there were at the start; items added
-    /// since are walked too, so it may pass 100 before it ends).
+    /// Percent done: of the items there were at the start, then of the
+    /// retained events (items added since are walked too, so it holds at
+    /// 99.9 until it ends).
     pub fn percent(&self) -> f64 {
-        if self.finished_at.is_some() || self.total == 0 {
+        let total = self.total + self.events_total;
+        if self.finished_at.is_some() || total == 0 {
             return 100.0;
         }
-        (self.done as f64 * 100.0 / self.total as f64).min(99.9)
+        ((self.done.min(self.total) + self.events_done) as f64 * 100.0 / total as f64).min(99.9)
     }
 }
 
@@ -64,7 +83,8 @@ pub struct HistoryStep {
 }
 
 const COLUMNS: &str = "award_id, award_version, sources, next_user, next_source, next_content,
-     total, done, changed, unrecoverable, failed, last_failure, started_at, finished_at";
+     total, done, changed, unrecoverable, failed, last_failure, started_at, finished_at,
+     positions, events_total, events_done, events_applied, events_from, from_start, events_note";
 
 fn backfill_from(row: &tokio_postgres::Row) -> HistoryBackfill {
     HistoryBackfill {
@@ -80,7 +100,30 @@ fn backfill_from(row: &tokio_postgres::Row) -> HistoryBackfill {
         last_failure: row.get(11),
         started_at: row.get(12),
         finished_at: row.get(13),
+        positions: row
+            .get::<_, Option<Value>>(14)
+            .map(|v| serde_json::from_value::<BTreeMap<String, (i64, i64)>>(v).unwrap_or_default()),
+        events_total: row.get(15),
+        events_done: row.get(16),
+        events_applied: row.get(17),
+        events_from: row.get(18),
+        from_start: row.get(19),
+        events_note: row.get(20),
     }
+}
+
+/// What one step of the analytics phase did.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EventsStep {
+    /// The partition read (`<source>/<partition>`) and its next offset.
+    pub position: Option<(String, i64)>,
+    /// Messages read (whatever became of them).
+    pub done: i64,
+    pub applied: i64,
+    pub failed: i64,
+    pub last_failure: Option<String>,
+    /// The oldest message's time among those read.
+    pub oldest: Option<DateTime<Utc>>,
 }
 
 impl Store {
@@ -103,6 +146,8 @@ impl Store {
                          sources = EXCLUDED.sources, total = EXCLUDED.total,
                          next_user = '', next_source = '', next_content = '',
                          done = 0, changed = 0, unrecoverable = 0, failed = 0, last_failure = NULL,
+                         positions = NULL, events_total = 0, events_done = 0, events_applied = 0,
+                         events_from = NULL, from_start = true, events_note = NULL,
                          lease_until = NULL, started_at = now(), finished_at = NULL
                      RETURNING {COLUMNS}"
                 ),
@@ -166,6 +211,74 @@ impl Store {
                 event: r.get(3),
             })
             .collect())
+    }
+
+    /// Starts the analytics phase: the offsets to read per partition (or
+    /// why none are read), whether every partition still holds its first
+    /// message. False when the lease was lost.
+    pub async fn start_history_events(
+        &self,
+        award_id: &str,
+        started_at: DateTime<Utc>,
+        positions: &BTreeMap<String, (i64, i64)>,
+        from_start: bool,
+        note: Option<&str>,
+    ) -> Result<bool, StoreError> {
+        let total: i64 = positions.values().map(|(next, end)| end - next).sum();
+        let json = serde_json::to_value(positions).unwrap_or_default();
+        let n = self
+            .client()
+            .execute(
+                "UPDATE history_backfills SET positions = $3, events_total = $4, from_start = $5, events_note = $6
+                 WHERE award_id = $1 AND started_at = $2 AND finished_at IS NULL",
+                &[&award_id, &started_at, &json, &total, &from_start, &note],
+            )
+            .await
+            .context("starting a backfill's analytics phase")?;
+        Ok(n == 1)
+    }
+
+    /// Records a step of the analytics phase (as [`Store::record_history_step`]
+    /// does for items).
+    pub async fn record_events_step(
+        &self,
+        award_id: &str,
+        started_at: DateTime<Utc>,
+        step: &EventsStep,
+        finished: bool,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let seconds = lease.as_secs_f64();
+        let (key, next) = step.position.clone().unwrap_or_default();
+        let n = self
+            .client()
+            .execute(
+                "UPDATE history_backfills SET
+                     positions = CASE WHEN $3 = '' THEN positions
+                                 ELSE jsonb_set(positions, ARRAY[$3], jsonb_build_array($4::bigint, positions -> $3 -> 1)) END,
+                     events_done = events_done + $5, events_applied = events_applied + $6,
+                     failed = failed + $7, last_failure = coalesce($8, last_failure),
+                     events_from = least(events_from, $9),
+                     lease_until = CASE WHEN $10 THEN NULL ELSE now() + make_interval(secs => $11) END,
+                     finished_at = CASE WHEN $10 THEN now() END
+                 WHERE award_id = $1 AND started_at = $2 AND finished_at IS NULL",
+                &[
+                    &award_id,
+                    &started_at,
+                    &key,
+                    &next,
+                    &step.done,
+                    &step.applied,
+                    &step.failed,
+                    &step.last_failure,
+                    &step.oldest,
+                    &finished,
+                    &seconds,
+                ],
+            )
+            .await
+            .context("recording a backfill's analytics step")?;
+        Ok(n == 1)
     }
 
     /// Records a step: the walk moves to `after`, the counts grow, the

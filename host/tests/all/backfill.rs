@@ -80,7 +80,7 @@ async fn a_backfilled_award_credits_past_photos_once_while_new_ones_arrive_and_a
  {
     // Small steps, so live events arrive while the walk is under way.
     let p = Pipeline::start_with(EXISTING, &["photos"], |s| laurel::ingest::IngestSettings {
-        backfill_batch: 5,
+        backfill_batch: 10,
         ..s
     })
     .await;
@@ -232,14 +232,20 @@ async fn a_backfilled_award_credits_past_photos_once_while_new_ones_arrive_and_a
         String::from_utf8_lossy(&output.stderr)
     );
     assert!(
-        stdout.contains("0 changed a counter, 1 unrecoverable, 0 failed"),
+        stdout.contains("0 changed a counter, 1 unrecoverable;") && stdout.contains("; 0 failed"),
         "{stdout}"
     );
     assert!(
         stdout.contains("1 item(s) were applied before Laurel kept their events"),
         "{stdout}"
     );
-    assert!(stdout.contains("analytics events"), "{stdout}");
+    // Without a broker, it says it read no analytics.
+    assert!(
+        stdout.contains(
+            "no Kafka brokers (LAUREL_KAFKA_BROKERS): retained analytics events were not read"
+        ),
+        "{stdout}"
+    );
     assert_eq!(counted(&p, "three-photos").await, expected);
 
     // A later status change moves the backfilled counts as any other: the
@@ -269,5 +275,120 @@ async fn a_backfilled_award_credits_past_photos_once_while_new_ones_arrive_and_a
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("no award named no-such-award"), "{stderr}");
 
+    p.stop().await;
+}
+
+/// An award that already counts trips on the bss source, so it is consumed.
+const DRIVER: &str = r#"[{"id": "driver", "title": "Driver",
+  "objectives": [{"id": "navi",
+    "filters": [{"name": "SourceFilter", "config": {"sources": ["bss"]}},
+                {"name": "EventTypeFilter", "config": {"types": ["navi.trip_finished"]}}],
+    "rule": {"name": "SumFieldRule", "config": {"field": "distance_m", "counter": "metres"}},
+    "progress_counter": "metres"}],
+  "strategy": {"goal": 1000000000, "strategy": [{"objective_id": "navi"}]}}]"#;
+
+fn trip(user_n: usize, n: usize, metres: i64) -> Value {
+    json!({"id": format!("trip-{user_n}-{n}"), "source": "bss", "type": "navi.trip_finished",
+           "user_id": user(user_n), "authorized": true, "occurred_at": "2026-12-01T08:00:00Z",
+           "payload": {"distance_m": metres}})
+}
+
+/// Per user, the award's `metres` counter.
+async fn metres(p: &Pipeline, award: &str) -> BTreeMap<String, i64> {
+    let sql = p.db.sql().await;
+    sql.query(
+        "SELECT user_id, coalesce((counters->>'metres')::bigint, 0) FROM user_objective WHERE award_id = $1",
+        &[&award],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| (r.get(0), r.get(1)))
+    .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backfill_counts_the_retained_analytics_events_once_each() {
+    let p = Pipeline::start_with(DRIVER, &["bss"], |s| laurel::ingest::IngestSettings {
+        backfill_batch: 20,
+        ..s
+    })
+    .await;
+    const DRIVERS: usize = 40;
+    // Before the award: five trips each; one of them delivered twice.
+    let mut expected: BTreeMap<String, i64> = BTreeMap::new();
+    for u in 0..DRIVERS {
+        for n in 0..5 {
+            let m = ((u * 37 + n * 11) % 50) as i64 * 100 + 100;
+            p.send(&trip(u, n, m)).await;
+            *expected.entry(user(u)).or_default() += m;
+        }
+    }
+    p.send(&trip(3, 0, ((3 * 37) % 50) as i64 * 100 + 100))
+        .await;
+    let before = expected.clone();
+    p.wait_until("the trips applied", || async {
+        metres(&p, "driver").await == before
+    })
+    .await;
+
+    let ten_km = json!({"id": "ten-km", "title": "Ten km", "backfill": "history",
+        "objectives": [{"id": "navi",
+          "filters": [{"name": "SourceFilter", "config": {"sources": ["bss"]}},
+                      {"name": "EventTypeFilter", "config": {"types": ["navi.trip_finished"]}}],
+          "rule": {"name": "SumFieldRule", "config": {"field": "distance_m", "counter": "metres"}},
+          "progress_counter": "metres"}],
+        "strategy": {"goal": 10000, "strategy": [{"objective_id": "navi"}]}});
+    let mut store = p.db.store().await;
+    laurel::definitions::apply(&mut store, &p.registry, &ten_km.to_string())
+        .await
+        .unwrap();
+    // While it waits and walks: new trips, and an old one delivered again.
+    for u in (0..DRIVERS).step_by(4) {
+        p.send(&trip(u, 9, 1000)).await;
+        *expected.get_mut(&user(u)).unwrap() += 1000;
+    }
+    p.send(&trip(5, 1, ((5 * 37 + 11) % 50) as i64 * 100 + 100))
+        .await;
+    p.wait_until("the backfill finished", || async {
+        let b = store.history_backfill("ten-km").await.unwrap().unwrap();
+        b.finished_at.is_some()
+    })
+    .await;
+    p.wait_until("the live trips applied", || async {
+        metres(&p, "driver").await == expected
+    })
+    .await;
+    // Every trip once, whether the backfill read it or ingest applied it.
+    assert_eq!(metres(&p, "ten-km").await, expected);
+    let done = store.history_backfill("ten-km").await.unwrap().unwrap();
+    assert_eq!(done.failed, 0, "{done:?}");
+    assert!(done.events_done >= (DRIVERS * 5 + 1) as i64, "{done:?}");
+    assert!(done.events_applied >= (DRIVERS * 5) as i64 - 10, "{done:?}");
+    assert!(done.from_start, "{done:?}");
+
+    // Again, with the built binary and the broker: nothing more counted.
+    let output = Command::new(env!("CARGO_BIN_EXE_laurel"))
+        .env("LAUREL_DATABASE_URL", &p.db.url)
+        .env("LAUREL_KAFKA_BROKERS", p.broker.bootstrap_servers())
+        .env("LAUREL_LOG", "warn")
+        .args(["awards", "backfill", "ten-km"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        stdout.contains(" 0 analytics event(s) counted; 0 failed"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("every partition still holds its first message"),
+        "{stdout}"
+    );
+    assert_eq!(metres(&p, "ten-km").await, expected);
     p.stop().await;
 }

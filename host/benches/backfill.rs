@@ -138,9 +138,14 @@ async fn measure(server: &str, count: usize) -> (f64, f64) {
     broker.create_topic("events.photos.dead", 1).unwrap();
     let producer = ingest::producer(broker.bootstrap_servers()).unwrap();
     let catalog = Catalog::start(&url).await.unwrap();
+    let defaults = IngestSettings::new(broker.bootstrap_servers());
     let settings = IngestSettings {
         session_timeout: Duration::from_secs(6),
-        ..IngestSettings::new(broker.bootstrap_servers())
+        backfill_batch: std::env::var("LAUREL_BACKFILL_BATCH")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(defaults.backfill_batch),
+        ..defaults
     };
     println!(
         "({count} items, backfill steps of {})",

@@ -469,48 +469,14 @@ pub async fn check_brokers(brokers: &str, timeout: Duration) -> Result<usize, Br
 /// partitions of the high watermark minus the group's committed offset
 /// (the low watermark where the group has committed nothing).
 pub async fn consumer_lag(brokers: &str, group: &str, topic: &str) -> Result<i64, BrokerError> {
-    const TIMEOUT: Duration = Duration::from_secs(3);
-    let (brokers, group, topic) = (brokers.to_string(), group.to_string(), topic.to_string());
-    tokio::task::spawn_blocking(move || {
-        let consumer: BaseConsumer = client_config(&brokers)
-            .set("group.id", &group)
-            .set("enable.auto.commit", "false")
-            .create()
-            .map_err(asking(format!("Kafka client for {brokers}")))?;
-        let partitions = partitions(&consumer, &topic, TIMEOUT)?;
-        if partitions.is_empty() {
-            return Err(BrokerError::NoTopic(topic));
-        }
-        let mut wanted = TopicPartitionList::new();
-        for partition in &partitions {
-            wanted.add_partition(&topic, *partition);
-        }
-        let lag = {
-            // Dropped before the consumer: a list from `committed_offsets`
-            // outliving it makes the consumer's drop hang.
-            let committed = consumer
-                .committed_offsets(wanted, TIMEOUT)
-                .map_err(asking(format!("committed offsets of group {group}")))?;
-            let mut lag = 0i64;
-            for partition in &partitions {
-                let (low, high) = consumer
-                    .fetch_watermarks(&topic, *partition, TIMEOUT)
-                    .map_err(asking(format!("watermarks of {topic}/{partition}")))?;
-                let at = match committed
-                    .find_partition(&topic, *partition)
-                    .map(|p| p.offset())
-                {
-                    Some(Offset::Offset(offset)) => offset,
-                    _ => low,
-                };
-                lag += (high - at).max(0);
-            }
-            lag
-        };
-        Ok(lag)
-    })
-    .await
-    .map_err(task("lag check"))?
+    let partitions = group_positions(brokers, group, topic, Duration::from_secs(3)).await?;
+    if partitions.is_empty() {
+        return Err(BrokerError::NoTopic(topic.to_string()));
+    }
+    Ok(partitions
+        .iter()
+        .map(|p| (p.high - p.committed.unwrap_or(p.low)).max(0))
+        .sum())
 }
 
 /// Per partition of `topic`: (partition, low watermark, what `group` has
@@ -522,7 +488,27 @@ pub async fn committed_ranges(
     group: &str,
     topic: &str,
 ) -> Result<Vec<(i32, i64, i64)>, BrokerError> {
-    const TIMEOUT: Duration = Duration::from_secs(5);
+    let partitions = group_positions(brokers, group, topic, Duration::from_secs(5)).await?;
+    Ok(partitions
+        .iter()
+        .map(|p| (p.partition, p.low, p.committed.unwrap_or(p.low).max(p.low)))
+        .collect())
+}
+
+/// A partition's watermarks and what a group has committed there.
+struct GroupPosition {
+    partition: i32,
+    low: i64,
+    high: i64,
+    committed: Option<i64>,
+}
+
+async fn group_positions(
+    brokers: &str,
+    group: &str,
+    topic: &str,
+    timeout: Duration,
+) -> Result<Vec<GroupPosition>, BrokerError> {
     let (brokers, group, topic) = (brokers.to_string(), group.to_string(), topic.to_string());
     tokio::task::spawn_blocking(move || {
         let consumer: BaseConsumer = client_config(&brokers)
@@ -530,35 +516,41 @@ pub async fn committed_ranges(
             .set("enable.auto.commit", "false")
             .create()
             .map_err(asking(format!("Kafka client for {brokers}")))?;
-        let partitions = partitions(&consumer, &topic, TIMEOUT)?;
+        let partitions = partitions(&consumer, &topic, timeout)?;
         let mut wanted = TopicPartitionList::new();
         for partition in &partitions {
             wanted.add_partition(&topic, *partition);
         }
-        let mut ranges = Vec::new();
+        let mut positions = Vec::with_capacity(partitions.len());
         {
-            // Dropped before the consumer (see `consumer_lag`).
+            // Dropped before the consumer: a list from `committed_offsets`
+            // outliving it makes the consumer's drop hang.
             let committed = consumer
-                .committed_offsets(wanted, TIMEOUT)
+                .committed_offsets(wanted, timeout)
                 .map_err(asking(format!("committed offsets of group {group}")))?;
-            for partition in &partitions {
-                let (low, _) = consumer
-                    .fetch_watermarks(&topic, *partition, TIMEOUT)
+            for partition in partitions {
+                let (low, high) = consumer
+                    .fetch_watermarks(&topic, partition, timeout)
                     .map_err(asking(format!("watermarks of {topic}/{partition}")))?;
-                let end = match committed
-                    .find_partition(&topic, *partition)
+                let committed = match committed
+                    .find_partition(&topic, partition)
                     .map(|p| p.offset())
                 {
-                    Some(Offset::Offset(offset)) => offset,
-                    _ => low,
+                    Some(Offset::Offset(offset)) => Some(offset),
+                    _ => None,
                 };
-                ranges.push((*partition, low, end.max(low)));
+                positions.push(GroupPosition {
+                    partition,
+                    low,
+                    high,
+                    committed,
+                });
             }
         }
-        Ok(ranges)
+        Ok(positions)
     })
     .await
-    .map_err(task("reading committed offsets"))?
+    .map_err(task("reading a group's offsets"))?
 }
 
 /// A message read back from a topic.
@@ -576,6 +568,11 @@ pub struct RetainedMessage {
 pub struct RetainedReader {
     brokers: String,
     consumer: Option<BaseConsumer>,
+    /// Where the client's assignment stands: (topic, partition, the next
+    /// offset it delivers). A read that goes on from there polls on,
+    /// without assigning again (which restarts fetching, about half a
+    /// second each time).
+    at: Option<(String, i32, i64)>,
 }
 
 impl RetainedReader {
@@ -583,6 +580,7 @@ impl RetainedReader {
         RetainedReader {
             brokers: brokers.to_string(),
             consumer: None,
+            at: None,
         }
     }
 
@@ -600,37 +598,62 @@ impl RetainedReader {
         const TIMEOUT: Duration = Duration::from_secs(5);
         let consumer = match self.consumer.take() {
             Some(consumer) => consumer,
+            // Fetches answer at once: a long-polling fetch at a partition's
+            // end would hold the next range's first fetch for up to its
+            // wait (500 ms by default).
             None => client_config(&self.brokers)
                 .set("group.id", "laurel-backfill")
                 .set("enable.auto.commit", "false")
                 .set("enable.partition.eof", "true")
+                .set("fetch.wait.max.ms", "10")
                 .create()
                 .map_err(asking(format!("Kafka client for {}", self.brokers)))?,
         };
         let topic = topic.to_string();
-        let (result, consumer) = tokio::task::spawn_blocking(move || {
-            let result = read_range(&consumer, &topic, partition, from, to, max, TIMEOUT);
-            (result, consumer)
+        let assigned = match &self.at {
+            Some((t, p, next)) if *t == topic && *p == partition => Some(*next),
+            _ => None,
+        };
+        let (result, consumer, topic) = tokio::task::spawn_blocking(move || {
+            let result = read_range(
+                &consumer,
+                &topic,
+                partition,
+                (from, to, max),
+                assigned,
+                TIMEOUT,
+            );
+            (result, consumer, topic)
         })
         .await
         .map_err(task("reading retained messages"))?;
         // A client that failed is made anew next time.
-        if result.is_ok() {
-            self.consumer = Some(consumer);
+        match result {
+            Ok((found, low, next)) => {
+                self.consumer = Some(consumer);
+                self.at = next.map(|next| (topic, partition, next));
+                Ok((found, low))
+            }
+            Err(error) => {
+                self.at = None;
+                Err(error)
+            }
         }
-        result
     }
 }
 
+/// Reads `[from, to)` (at most `max`) of one partition. `assigned`: the
+/// next offset the client delivers, if it is assigned to this partition.
+/// Returns the messages, the low watermark, and where the client stands
+/// after (None: it must be assigned again).
 fn read_range(
     consumer: &BaseConsumer,
     topic: &str,
     partition: i32,
-    from: i64,
-    to: i64,
-    max: i64,
+    (from, to, max): (i64, i64, i64),
+    assigned: Option<i64>,
     timeout: Duration,
-) -> Result<(Vec<RetainedMessage>, i64), BrokerError> {
+) -> Result<(Vec<RetainedMessage>, i64, Option<i64>), BrokerError> {
     let (low, _) = consumer
         .fetch_watermarks(topic, partition, timeout)
         .map_err(asking(format!("watermarks of {topic}/{partition}")))?;
@@ -638,17 +661,21 @@ fn read_range(
     let end = to.min(start + max);
     let mut found = Vec::new();
     if start >= end {
-        return Ok((found, low));
+        return Ok((found, low, assigned));
     }
-    let mut assignment = TopicPartitionList::new();
-    assignment
-        .add_partition_offset(topic, partition, Offset::Offset(start))
-        .map_err(asking(format!("offsets of {topic}/{partition}")))?;
-    consumer
-        .assign(&assignment)
-        .map_err(asking(format!("reading {topic}/{partition}")))?;
+    if assigned != Some(start) {
+        let mut assignment = TopicPartitionList::new();
+        assignment
+            .add_partition_offset(topic, partition, Offset::Offset(start))
+            .map_err(asking(format!("offsets of {topic}/{partition}")))?;
+        consumer
+            .assign(&assignment)
+            .map_err(asking(format!("reading {topic}/{partition}")))?;
+    }
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let mut next = start;
+    // The client delivers on from `next` unless a message was passed over.
+    let mut continues = true;
     while next < end {
         if std::time::Instant::now() > deadline {
             return Err(BrokerError::Task {
@@ -668,6 +695,7 @@ fn read_range(
                     continue;
                 }
                 if message.offset() >= end {
+                    continues = false;
                     break;
                 }
                 next = message.offset() + 1;
@@ -680,7 +708,10 @@ fn read_range(
             }
             // The end of what the partition holds (offsets past the last
             // message are markers, not messages).
-            Some(Err(KafkaError::PartitionEOF(p))) if p == partition => break,
+            Some(Err(KafkaError::PartitionEOF(p))) if p == partition => {
+                continues = false;
+                break;
+            }
             Some(Err(KafkaError::PartitionEOF(_))) => {}
             Some(Err(error)) => {
                 return Err(asking(format!("reading {topic}/{partition}"))(error));
@@ -688,5 +719,5 @@ fn read_range(
             None => {}
         }
     }
-    Ok((found, low))
+    Ok((found, low, continues.then_some(next)))
 }

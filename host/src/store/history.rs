@@ -187,13 +187,24 @@ impl Store {
 
     /// The next `limit` items of `sources` after `after`, in key order.
     pub async fn history_items(
-        &self,
+        &mut self,
         sources: &[String],
         after: &(String, String, String),
         limit: i64,
     ) -> Result<Vec<StoredItem>, StoreError> {
-        let rows = self
-            .client()
+        let tx = self
+            .client_mut()
+            .transaction()
+            .await
+            .context("starting to read stored items")?;
+        // Down the primary key in its order, whatever the statistics say:
+        // with stale ones (a young, growing table) the planner chose a
+        // bitmap scan of every item past `after` and a sort, 0.5-1.7 s a
+        // step over a million items.
+        tx.batch_execute("SET LOCAL enable_bitmapscan = off; SET LOCAL enable_seqscan = off; SET LOCAL enable_sort = off")
+            .await
+            .context("reading stored items")?;
+        let rows = tx
             .query(
                 "SELECT user_id, source, content_id, event FROM content_items
                  WHERE (user_id, source, content_id) > ($2, $3, $4) AND source = ANY($1)
@@ -202,6 +213,7 @@ impl Store {
             )
             .await
             .context("reading stored content items")?;
+        tx.commit().await.context("reading stored items")?;
         Ok(rows
             .iter()
             .map(|r| StoredItem {

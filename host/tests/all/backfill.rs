@@ -58,6 +58,21 @@ fn approved(last: &BTreeMap<(usize, usize), &'static str>) -> BTreeMap<String, i
     counts
 }
 
+/// `laurel awards backfill AWARD` with the built binary, on this pipeline's
+/// database (and broker, with `kafka`).
+fn backfill(p: &Pipeline, award: &str, kafka: bool) -> std::process::Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_laurel"));
+    command
+        .env("LAUREL_DATABASE_URL", &p.db.url)
+        .env("LAUREL_LOG", "warn")
+        .env_remove("LAUREL_KAFKA_BROKERS")
+        .args(["awards", "backfill", award]);
+    if kafka {
+        command.env("LAUREL_KAFKA_BROKERS", p.broker.bootstrap_servers());
+    }
+    command.output().unwrap()
+}
+
 /// Per user, the award's `approved` counter (0 where it has none).
 async fn counted(p: &Pipeline, award: &str) -> BTreeMap<String, i64> {
     let sql = p.db.sql().await;
@@ -219,12 +234,7 @@ async fn a_backfilled_award_credits_past_photos_once_while_new_ones_arrive_and_a
 
     // Again, with the built binary: nothing changes, and it says what it
     // could not recover.
-    let output = Command::new(env!("CARGO_BIN_EXE_laurel"))
-        .env("LAUREL_DATABASE_URL", &p.db.url)
-        .env("LAUREL_LOG", "warn")
-        .args(["awards", "backfill", "three-photos"])
-        .output()
-        .unwrap();
+    let output = backfill(&p, "three-photos", false);
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success(),
@@ -265,12 +275,7 @@ async fn a_backfilled_award_credits_past_photos_once_while_new_ones_arrive_and_a
     assert_eq!(counted(&p, "three-photos").await, expected);
 
     // Refused: no such award.
-    let output = Command::new(env!("CARGO_BIN_EXE_laurel"))
-        .env("LAUREL_DATABASE_URL", &p.db.url)
-        .env("LAUREL_LOG", "warn")
-        .args(["awards", "backfill", "no-such-award"])
-        .output()
-        .unwrap();
+    let output = backfill(&p, "no-such-award", false);
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("no award named no-such-award"), "{stderr}");
@@ -368,13 +373,7 @@ async fn a_backfill_counts_the_retained_analytics_events_once_each() {
     assert!(done.from_start, "{done:?}");
 
     // Again, with the built binary and the broker: nothing more counted.
-    let output = Command::new(env!("CARGO_BIN_EXE_laurel"))
-        .env("LAUREL_DATABASE_URL", &p.db.url)
-        .env("LAUREL_KAFKA_BROKERS", p.broker.bootstrap_servers())
-        .env("LAUREL_LOG", "warn")
-        .args(["awards", "backfill", "ten-km"])
-        .output()
-        .unwrap();
+    let output = backfill(&p, "ten-km", true);
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success(),

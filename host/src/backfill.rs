@@ -131,6 +131,9 @@ pub struct Backfiller {
     brokers: Option<String>,
     /// Made at the first analytics step.
     reader: Option<ingest::RetainedReader>,
+    /// A connection of its own that reads the next step's items while
+    /// `store` applies this one's (made at the first step).
+    reads: Option<Store>,
 }
 
 impl Backfiller {
@@ -143,6 +146,7 @@ impl Backfiller {
             plans: HashMap::new(),
             planned: None,
             reader: None,
+            reads: None,
         }
     }
 
@@ -196,21 +200,45 @@ impl Backfiller {
                 _ = stop.changed() => {}
             }
         }
-        // The stored items, then the retained analytics events.
+        // The stored items, then the retained analytics events. The next
+        // step's items are read while one step applies.
+        let mut prefetched: Option<Vec<StoredItem>> = None;
         while backfill.positions.is_none() {
             if *stop.borrow() {
                 return self.release(backfill).await;
             }
-            let items = self
-                .store
-                .history_items(&backfill.sources, &backfill.after, self.settings.batch)
-                .await?;
+            let items = match prefetched.take() {
+                Some(items) => items,
+                None => {
+                    self.store
+                        .history_items(&backfill.sources, &backfill.after, self.settings.batch)
+                        .await?
+                }
+            };
             let walked = (items.len() as i64) < self.settings.batch;
-            let step = self.step(&award, version, &items).await?;
             let after = items
                 .last()
                 .map(|i| (i.user_id.clone(), i.source.clone(), i.content_id.clone()))
                 .unwrap_or_else(|| backfill.after.clone());
+            let step = if walked {
+                self.step(&award, version, &items).await?
+            } else {
+                let mut reads = match self.reads.take() {
+                    Some(mut reads) => {
+                        reads.heal().await?;
+                        reads
+                    }
+                    None => self.store.another().await?,
+                };
+                let batch = self.settings.batch;
+                let (step, next) = tokio::join!(
+                    self.step(&award, version, &items),
+                    reads.history_items(&backfill.sources, &after, batch)
+                );
+                self.reads = Some(reads);
+                prefetched = Some(next?);
+                step?
+            };
             let recorded = self
                 .store
                 .record_history_step(

@@ -209,6 +209,21 @@ impl Store {
         Ok(Store { client, config })
     }
 
+    /// A second connection to the same database (to read one thing while
+    /// this one writes another).
+    pub async fn another(&self) -> Result<Store, StoreError> {
+        let (client, connection) = open(&self.config).await?;
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                warn!(message = "PostgreSQL connection closed.", %error);
+            }
+        });
+        Ok(Store {
+            client,
+            config: self.config.clone(),
+        })
+    }
+
     /// Whether the connection is gone (every query would fail).
     pub fn is_closed(&self) -> bool {
         self.client.is_closed()

@@ -95,7 +95,7 @@ async fn a_backfilled_award_credits_past_photos_once_while_new_ones_arrive_and_a
  {
     // Small steps, so live events arrive while the walk is under way.
     let p = Pipeline::start_with(EXISTING, &["photos"], |s| laurel::ingest::IngestSettings {
-        backfill_batch: 10,
+        backfill_batch: 5,
         ..s
     })
     .await;

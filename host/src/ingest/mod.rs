@@ -601,19 +601,14 @@ impl SourceConsumer {
             }
         }
         // Who gets no progress.
-        let users: Vec<&str> = admitted
-            .iter()
-            .map(|(_, e)| e.user_id.as_str())
-            .collect::<HashSet<_>>()
-            .into_iter()
-            .collect();
-        let excluded = if users.is_empty() {
+        let excluded = if admitted.is_empty() {
             HashMap::new()
         } else {
+            let users = || admitted.iter().map(|(_, e)| e.user_id.as_str());
             let mut retry = Retry::new(&self.source.name);
             loop {
                 let result = match self.store.heal().await {
-                    Ok(_) => self.store.excluded_users(&users).await,
+                    Ok(_) => self.store.excluded_users(users()).await,
                     Err(error) => Err(error),
                 };
                 match result {

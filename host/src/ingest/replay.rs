@@ -13,7 +13,6 @@
 //!
 //! A dead letter that fails again stays, with its new reason.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use tracing::info;
@@ -138,17 +137,9 @@ async fn replay_chunk(
         }
     }
     // Who gets no progress, as in ingest: logged, and the letter resolved.
-    let users: Vec<&str> = admitted
-        .iter()
-        .map(|(_, e, _)| e.user_id.as_str())
-        .collect::<HashSet<_>>()
-        .into_iter()
-        .collect();
-    let excluded: std::collections::HashMap<String, String> = if users.is_empty() {
-        Default::default()
-    } else {
-        store.excluded_users(&users).await?
-    };
+    let excluded = store
+        .excluded_users(admitted.iter().map(|(_, e, _)| e.user_id.as_str()))
+        .await?;
     let mut log = Vec::new();
     admitted.retain(|(index, envelope, _)| !super::skipped(*index, envelope, &excluded, &mut log));
     let mut indexes = Vec::with_capacity(admitted.len());

@@ -944,11 +944,20 @@ async fn write_log(
 }
 
 impl Store {
-    /// Which of `user_ids` are banned or deleted, with their state.
-    pub async fn excluded_users(
+    /// Which of `user_ids` (repeats allowed) are banned or deleted, with
+    /// their state: the users who get no progress.
+    pub async fn excluded_users<'a>(
         &self,
-        user_ids: &[&str],
+        user_ids: impl IntoIterator<Item = &'a str>,
     ) -> Result<HashMap<String, String>, StoreError> {
+        let user_ids: Vec<&str> = user_ids
+            .into_iter()
+            .collect::<std::collections::HashSet<_>>()
+            .into_iter()
+            .collect();
+        if user_ids.is_empty() {
+            return Ok(HashMap::new());
+        }
         let rows = self
             .client()
             .query(

@@ -2,7 +2,9 @@
 //! any Laurel checkout: a Cargo.toml that depends on the guest SDK by
 //! version, git or path; `.cargo/config.toml` for the wasm32-wasip2
 //! target; an example of the kind; a fixture case that passes against it;
-//! a five-line README. Templates: `host/scaffold/`.
+//! a five-line README. Templates: `host/scaffold/`; the example and its
+//! fixture case are the guest SDK's own (`functions/guest/examples/`), with
+//! the example's type renamed.
 
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -106,6 +108,11 @@ pub struct Scaffolded {
 /// exist or be empty).
 pub fn create(name: &str, kind: FunctionKind, dir: &Path, sdk: &Sdk) -> Result<Scaffolded, String> {
     check_name(name)?;
+    let Some((example_name, (lib, config, input, expected))) = example(kind) else {
+        return Err(format!(
+            "laurel functions new writes filter, rule, strategy and transform crates, not {kind}: an HTTP function is a spin-sdk crate (see \"HTTP functions\" in Laurel's README)"
+        ));
+    };
     if dir.exists() {
         let empty = std::fs::read_dir(dir)
             .map_err(|e| format!("cannot read {}: {e}", dir.display()))?
@@ -128,7 +135,6 @@ pub fn create(name: &str, kind: FunctionKind, dir: &Path, sdk: &Sdk) -> Result<S
             .replace("{{kind}}", kind.as_str())
             .replace("{{sdk}}", &sdk.dependency())
     };
-    let (lib, config, input, expected) = templates(kind);
     let files: [(&str, String); 8] = [
         (
             "Cargo.toml",
@@ -143,7 +149,7 @@ pub fn create(name: &str, kind: FunctionKind, dir: &Path, sdk: &Sdk) -> Result<S
             "README.md",
             fill(include_str!("../scaffold/README.md.tmpl")),
         ),
-        ("src/lib.rs", fill(lib)),
+        ("src/lib.rs", lib.replace(example_name, name)),
         ("fixtures/example/config.json", config.into()),
         ("fixtures/example/input.jsonl", input.into()),
         ("fixtures/example/expected.jsonl", expected.into()),
@@ -165,24 +171,46 @@ pub fn create(name: &str, kind: FunctionKind, dir: &Path, sdk: &Sdk) -> Result<S
     })
 }
 
-/// (src/lib.rs, config.json, input.jsonl, expected.jsonl) for a kind.
-fn templates(kind: FunctionKind) -> (&'static str, &'static str, &'static str, &'static str) {
+/// The SDK's example of a kind: its type's name, (src/lib.rs, config.json,
+/// input.jsonl, expected.jsonl).
+type Example = (
+    &'static str,
+    (&'static str, &'static str, &'static str, &'static str),
+);
+
+fn example(kind: FunctionKind) -> Option<Example> {
     macro_rules! kind {
-        ($dir:literal) => {
+        ($kind:literal, $name:literal) => {
             (
-                include_str!(concat!("../scaffold/", $dir, "/lib.rs")),
-                include_str!(concat!("../scaffold/", $dir, "/config.json")),
-                include_str!(concat!("../scaffold/", $dir, "/input.jsonl")),
-                include_str!(concat!("../scaffold/", $dir, "/expected.jsonl")),
+                $name,
+                (
+                    include_str!(concat!("../../functions/guest/examples/", $kind, ".rs")),
+                    include_str!(concat!(
+                        "../../functions/guest/examples/fixtures/",
+                        $kind,
+                        "/config.json"
+                    )),
+                    include_str!(concat!(
+                        "../../functions/guest/examples/fixtures/",
+                        $kind,
+                        "/input.jsonl"
+                    )),
+                    include_str!(concat!(
+                        "../../functions/guest/examples/fixtures/",
+                        $kind,
+                        "/expected.jsonl"
+                    )),
+                ),
             )
         };
     }
-    match kind {
-        FunctionKind::Filter => kind!("filter"),
-        FunctionKind::Rule => kind!("rule"),
-        FunctionKind::Strategy => kind!("strategy"),
-        FunctionKind::Transform => kind!("transform"),
-    }
+    Some(match kind {
+        FunctionKind::Filter => kind!("filter", "MinRating"),
+        FunctionKind::Rule => kind!("rule", "LongReviews"),
+        FunctionKind::Strategy => kind!("strategy", "WeightedGoal"),
+        FunctionKind::Transform => kind!("transform", "TripLines"),
+        FunctionKind::Http => return None,
+    })
 }
 
 /// A function name the example can use as its Rust type: a letter, then

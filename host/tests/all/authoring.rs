@@ -282,6 +282,20 @@ async fn a_scaffolded_function_builds_outside_the_checkout_passes_its_fixtures_a
     let (_, stderr) = text(&output);
     assert!(!output.status.success());
     assert!(stderr.contains("exists and is not empty"), "{stderr}");
+    // An HTTP function is a spin-sdk crate, not one of these.
+    let output = laurel()
+        .args(["functions", "new", "Badge", "--kind", "http"])
+        .arg("--dir")
+        .arg(work.join("http"))
+        .output()
+        .unwrap();
+    let (_, stderr) = text(&output);
+    assert!(!output.status.success());
+    assert!(
+        stderr.contains("not http: an HTTP function is a spin-sdk crate"),
+        "{stderr}"
+    );
+    assert!(!work.join("http").exists());
     let _ = std::fs::remove_dir_all(&work);
 }
 

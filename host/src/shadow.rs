@@ -4,11 +4,13 @@
 //! twice, once as they are live and once with the candidate in the name's
 //! place; the users whose counters or progress would differ are named.
 //!
-//! The window is what Kafka still holds, up to `per_partition` messages of
-//! each partition of the awards' sources: a user's counters are taken as
-//! stored, moved by the difference the candidate makes on the window
-//! (content items by their last event in it, analytics events added).
-//! Items that share a de-duplication key are counted as separate here.
+//! The window ([`Reach`]) is what Kafka still holds, up to `events`
+//! messages of each partition of the awards' sources, and the last applied
+//! event of up to `items` stored content items (whole users, in key order):
+//! a user's counters are taken as stored, moved by the difference the
+//! candidate makes on the window (content items by their last event in it,
+//! analytics events added). Items that share a de-duplication key are
+//! counted as separate here.
 //!
 //! `laurel awards apply --dry-run` compares the same way: a changed award
 //! definition against the one that is live (a new one against no award).
@@ -27,6 +29,15 @@ const EXAMPLES: usize = 10;
 /// Users whose progress is computed per award; more are counted as seen.
 const USERS_MAX: usize = 5_000;
 
+/// How much of the past a diff reads.
+#[derive(Debug, Clone, Copy)]
+pub struct Reach {
+    /// Messages read back per partition of each source.
+    pub events: i64,
+    /// Stored content items read with their last applied event (0: none).
+    pub items: i64,
+}
+
 /// The answer of `laurel functions diff`.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Diff {
@@ -35,6 +46,8 @@ pub struct Diff {
     pub candidate_version: i32,
     /// Recent events read from the awards' sources.
     pub events: usize,
+    /// Stored content items read (each with its last applied event).
+    pub items: usize,
     pub awards: Vec<AwardDiff>,
     /// What could not be read (a source's topic away, ...), if anything.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -88,7 +101,7 @@ pub async fn diff(
     brokers: &str,
     name: &str,
     version: Option<i32>,
-    per_partition: i64,
+    reach: Reach,
 ) -> Result<Diff, DiffError> {
     let (live_version, _) = store
         .live_function(name)
@@ -130,8 +143,12 @@ pub async fn diff(
         .filter(|award| uses(award, name))
         .collect();
 
-    let (envelopes, note) = recent_events(store, brokers, per_partition).await?;
     let shadow = registry.with_replaced(&[Arc::clone(&candidate)]);
+    let sides = [
+        (awards.clone(), Arc::clone(registry)),
+        (awards.clone(), Arc::clone(&shadow)),
+    ];
+    let past = past_events(store, brokers, &sides, reach).await?;
     let mut diffs = Vec::with_capacity(awards.len());
     for award in &awards {
         let before = Side {
@@ -142,15 +159,16 @@ pub async fn diff(
             award,
             registry: Arc::clone(&shadow),
         };
-        diffs.push(compare(store, Some(before), after, &envelopes).await?);
+        diffs.push(compare(store, Some(before), after, &past.envelopes).await?);
     }
     Ok(Diff {
         function: name.to_string(),
         live_version,
         candidate_version: version,
-        events: envelopes.len(),
+        events: past.events,
+        items: past.items,
         awards: diffs,
-        note,
+        note: past.note,
     })
 }
 
@@ -161,6 +179,8 @@ pub async fn diff(
 pub struct DryRun {
     /// Recent events read from the sources.
     pub events: usize,
+    /// Stored content items read (each with its last applied event).
+    pub items: usize,
     pub awards: Vec<AwardDiff>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
@@ -172,7 +192,7 @@ pub async fn dry_run(
     registry: &Arc<Registry>,
     brokers: &str,
     definitions: &[AwardDefinition],
-    per_partition: i64,
+    reach: Reach,
 ) -> Result<DryRun, DiffError> {
     let current: Vec<AwardDefinition> = store
         .awards()
@@ -181,7 +201,11 @@ pub async fn dry_run(
         .filter(|row| row.enabled)
         .filter_map(|row| serde_json::from_value::<AwardDefinition>(row.definition).ok())
         .collect();
-    let (envelopes, note) = recent_events(store, brokers, per_partition).await?;
+    let sides = [
+        (current.clone(), Arc::clone(registry)),
+        (definitions.to_vec(), Arc::clone(registry)),
+    ];
+    let past = past_events(store, brokers, &sides, reach).await?;
     let mut awards = Vec::with_capacity(definitions.len());
     for definition in definitions {
         let before = current
@@ -195,38 +219,87 @@ pub async fn dry_run(
             award: definition,
             registry: Arc::clone(registry),
         };
-        awards.push(compare(store, before, after, &envelopes).await?);
+        awards.push(compare(store, before, after, &past.envelopes).await?);
     }
     Ok(DryRun {
-        events: envelopes.len(),
+        events: past.events,
+        items: past.items,
         awards,
-        note,
+        note: past.note,
     })
 }
 
-/// The recent events of every registered source, oldest first, and what
-/// could not be read.
-async fn recent_events(
+/// What a diff compares: Kafka's recent events and the stored items' last
+/// events, oldest first.
+struct Past {
+    envelopes: Arc<[Envelope]>,
+    /// How many came from Kafka, and from the stored items.
+    events: usize,
+    items: usize,
+    /// What could not be read, or was left out.
+    note: Option<String>,
+}
+
+/// The recent events of every registered source, and the stored items of
+/// the sources some award of `sides` (as its registry binds it) can match.
+async fn past_events(
     store: &Store,
     brokers: &str,
-    per_partition: i64,
-) -> Result<(Arc<[Envelope]>, Option<String>), DiffError> {
+    sides: &[(Vec<AwardDefinition>, Arc<Registry>)],
+    reach: Reach,
+) -> Result<Past, DiffError> {
     let sources = store.sources().await?;
     let mut envelopes = Vec::new();
     let mut problems = Vec::new();
     for source in &sources {
-        match crate::ingest::recent_payloads(brokers, &source.topic, per_partition).await {
+        match crate::ingest::recent_payloads(brokers, &source.topic, reach.events).await {
             Ok(payloads) => {
                 envelopes.extend(payloads.iter().filter_map(|p| Envelope::parse(p).ok()))
             }
             Err(error) => problems.push(format!("{}: {error}", source.topic)),
         }
     }
+    let events = envelopes.len();
+    let names: Vec<String> = sources.into_iter().map(|s| s.name).collect();
+    let sides = sides.to_vec();
+    let matched = tokio::task::spawn_blocking(move || {
+        names
+            .into_iter()
+            .filter(|source| {
+                sides.iter().any(|(awards, registry)| {
+                    Plan::build(source, awards, registry).objective_count() > 0
+                })
+            })
+            .collect::<Vec<_>>()
+    })
+    .await
+    .map_err(|e| DiffError::NoCandidate(format!("planning the sources failed: {e}")))?;
+    let (stored, cut) = store.item_events(&matched, reach.items).await?;
+    let items = stored.len();
+    if cut {
+        problems.push(format!(
+            "stored items: only the first {items} (whole users, in key order) were compared; --items reads more"
+        ));
+    }
+    // An item's last event may be in Kafka's window too: once.
+    let read: BTreeSet<(String, String)> = envelopes
+        .iter()
+        .map(|e| (e.source.clone(), e.id.clone()))
+        .collect();
+    envelopes.extend(
+        stored
+            .iter()
+            .filter_map(|item| item.event.as_deref())
+            .filter_map(|event| Envelope::parse(event).ok())
+            .filter(|e| !read.contains(&(e.source.clone(), e.id.clone()))),
+    );
     envelopes.sort_by_key(|e| e.occurred_at);
-    Ok((
-        envelopes.into(),
-        (!problems.is_empty()).then(|| problems.join("; ")),
-    ))
+    Ok(Past {
+        envelopes: envelopes.into(),
+        events,
+        items,
+        note: (!problems.is_empty()).then(|| problems.join("; ")),
+    })
 }
 
 /// An award as one side of a comparison sees it: its definition and the
@@ -269,7 +342,7 @@ async fn compare(
 }
 
 /// Whether `award` names `function` as a filter, rule or strategy.
-fn uses(award: &AwardDefinition, function: &str) -> bool {
+pub(crate) fn uses(award: &AwardDefinition, function: &str) -> bool {
     award.strategy_function == function
         || award
             .objectives

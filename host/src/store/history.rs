@@ -225,6 +225,48 @@ impl Store {
             .collect())
     }
 
+    /// Up to `limit` stored items of `sources` that keep their last event,
+    /// in key order: what a diff compares besides Kafka's window. When the
+    /// limit cuts, the last user's items are left out, so that every user
+    /// read is whole (unless there is only one). True with them when the
+    /// limit cut.
+    pub async fn item_events(
+        &self,
+        sources: &[String],
+        limit: i64,
+    ) -> Result<(Vec<StoredItem>, bool), StoreError> {
+        if limit <= 0 || sources.is_empty() {
+            return Ok((Vec::new(), false));
+        }
+        let rows = self
+            .client()
+            .query(
+                "SELECT user_id, source, content_id, event FROM content_items
+                 WHERE source = ANY($1) AND event IS NOT NULL
+                 ORDER BY user_id, source, content_id LIMIT $2",
+                &[&sources, &limit],
+            )
+            .await
+            .context("reading stored content items")?;
+        let mut items: Vec<StoredItem> = rows
+            .iter()
+            .map(|r| StoredItem {
+                user_id: r.get(0),
+                source: r.get(1),
+                content_id: r.get(2),
+                event: r.get(3),
+            })
+            .collect();
+        let cut = items.len() as i64 == limit;
+        if cut
+            && let Some(last) = items.last().map(|i| i.user_id.clone())
+            && items.iter().any(|i| i.user_id != last)
+        {
+            items.retain(|i| i.user_id != last);
+        }
+        Ok((items, cut))
+    }
+
     /// Starts the analytics phase: the offsets to read per partition (or
     /// why none are read), whether every partition still holds its first
     /// message. False when the lease was lost.

@@ -218,6 +218,49 @@ async fn a_shadow_filter_diff_names_exactly_the_users_it_would_change_and_nothin
         "{table}"
     );
 
+    // With one message per partition from Kafka, the stored items (each
+    // review's last event) still name every user: u-2's low rating is
+    // never the last message of its partition (its next review follows).
+    let narrow = |items: &str| {
+        let output = laurel(&p)
+            .args(["functions", "diff", "Gate", "--json", "--events", "1"])
+            .args(["--items", items])
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        serde_json::from_slice::<Value>(&output.stdout).unwrap()
+    };
+    let stored = narrow("100000");
+    let reviews: usize = ratings.iter().map(|(_, l)| l.len()).sum();
+    assert_eq!(stored["items"], json!(reviews), "{stored}");
+    assert!(stored["events"].as_u64().unwrap() <= 4, "{stored}");
+    let critic = &stored["awards"][0];
+    assert_eq!(
+        users(&critic["counters_changed"]),
+        counters_change,
+        "{stored}"
+    );
+    assert_eq!(users(&critic["would_lose_completion"]), lose, "{stored}");
+    assert_eq!(critic["events_changed"], json!(low_ratings), "{stored}");
+    // Kafka's window alone misses u-2.
+    let window = narrow("0");
+    assert_eq!(window["items"], json!(0), "{window}");
+    assert!(
+        !users(&window["awards"][0]["counters_changed"]).contains("u-2"),
+        "{window}"
+    );
+    // A limit that cuts leaves whole users out, and says so.
+    let cut = narrow("4");
+    assert_eq!(cut["items"], json!(3), "u-1's three reviews only: {cut}");
+    assert!(
+        cut["note"].as_str().unwrap().contains("only the first 3"),
+        "{cut}"
+    );
+
     // Nothing moved live: a new low rating still counts.
     p.send(&event(
         "e-u-7-0",

@@ -65,6 +65,7 @@ source = "http_noop.wasm"
             manifest::parse(text, laurel::library::guest_dir().to_path_buf(), &|_| None).unwrap();
         state
             .serve_functions(manifest, HttpLimits::default())
+            .await
             .unwrap();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());

@@ -535,8 +535,17 @@ async fn check_uses(
     let (runtime, name_owned, bytes_owned) = (runtime.clone(), name.to_string(), bytes.to_vec());
     let problems = tokio::task::spawn_blocking(move || {
         // Loaded as itself (its compiled form is found by its own
-        // sha256), checked against every award that uses the name.
-        let function = runtime.load(&name_owned, 0, &bytes_owned, expected)?;
+        // sha256), checked against every award that uses the name. What
+        // does not load as an award's function (an HTTP function, or no
+        // component at all) breaks only the awards that use the name; the
+        // push itself says what it is.
+        let function = match runtime.load(&name_owned, 0, &bytes_owned, expected) {
+            Ok(function) => function,
+            Err(_) if !awards.iter().any(|a| crate::shadow::uses(a, &name_owned)) => {
+                return Ok(Vec::new());
+            }
+            Err(error) => return Err(error),
+        };
         Ok::<_, crate::runtime::LoadError>(uses_refused(&function, &awards))
     })
     .await
@@ -581,6 +590,7 @@ fn uses_refused(
             FunctionKind::Rule => RuleInstance::new(function.clone(), config).map(drop),
             FunctionKind::Strategy => StrategyInstance::new(function.clone(), config).map(drop),
             FunctionKind::Transform => TransformInstance::new(function.clone(), config).map(drop),
+            FunctionKind::Http => return Some("an HTTP function serves no award".into()),
         };
         match created {
             Ok(()) => None,

@@ -242,6 +242,13 @@ impl Instance {
             FunctionKind::Transform => {
                 Instance::Transform(TransformInstance::new(function, config)?)
             }
+            FunctionKind::Http => {
+                return Err(FunctionError::Config {
+                    name: function.name.clone(),
+                    version: function.version,
+                    reason: "an HTTP function is tested by requests to it, not by fixtures".into(),
+                });
+            }
         })
     }
 

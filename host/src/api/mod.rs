@@ -41,7 +41,7 @@ use crate::catalog::Catalog;
 use crate::proxy::ProxyPools;
 use crate::registry::Registry;
 use crate::runtime::http::manifest::Manifest;
-use crate::runtime::http::{HttpFunctions, HttpLimits};
+use crate::runtime::http::{HttpFunctions, HttpLimits, PushedComponent};
 use crate::store::{PooledStore, StorePool};
 
 /// The API's settings.
@@ -322,8 +322,11 @@ impl AppState {
     }
 
     /// Loads the components of `manifest` and serves them on its routes
-    /// (paths Laurel's own routes do not take). Once per state.
-    pub fn serve_functions(
+    /// (paths Laurel's own routes do not take). Once per state. A version
+    /// pushed to the registry under a component's id (`laurel functions
+    /// push ID FILE --kind http`) serves instead of its source file, and
+    /// later pushes, promotions and rollbacks swap it without a restart.
+    pub async fn serve_functions(
         self: &Arc<Self>,
         manifest: Manifest,
         limits: HttpLimits,
@@ -359,15 +362,35 @@ impl AppState {
             limits.timeout,
             limits.max_body_bytes,
         )?;
-        let functions = HttpFunctions::load(
+        let mut pushed = HashMap::new();
+        let live = self.registry.http_functions();
+        for id in manifest.components.keys() {
+            if let Some((version, _)) = live.get(id) {
+                let store = self.store().await.map_err(|e| anyhow::anyhow!("{e}"))?;
+                pushed.insert(id.clone(), pushed_component(&store, id, *version).await?);
+            }
+        }
+        let functions = Arc::new(HttpFunctions::load(
             manifest,
             limits,
             Arc::new(services),
             &crate::library::http_builtin,
-        )?;
+            &pushed,
+        )?);
         self.functions
-            .set(Arc::new(functions))
-            .map_err(|_| anyhow::anyhow!("HTTP functions are already being served"))
+            .set(Arc::clone(&functions))
+            .map_err(|_| anyhow::anyhow!("HTTP functions are already being served"))?;
+        tokio::spawn(follow_pushes(Arc::downgrade(self), functions));
+        Ok(())
+    }
+
+    /// Each served HTTP function's component id and where its code came
+    /// from (none without a manifest).
+    pub fn http_function_origins(&self) -> Vec<(String, crate::runtime::http::Origin)> {
+        self.functions
+            .get()
+            .map(|functions| functions.origins())
+            .unwrap_or_default()
     }
 
     async fn store(&self) -> Result<PooledStore<'_>, ApiError> {
@@ -694,6 +717,96 @@ impl Check {
             error: result.err(),
         }
     }
+}
+
+/// A version of an HTTP function, read from the registry.
+async fn pushed_component(
+    store: &crate::store::Store,
+    name: &str,
+    version: i32,
+) -> anyhow::Result<PushedComponent> {
+    let found = store
+        .function_version(name, version)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("{name} has no version {version}"))?;
+    Ok(PushedComponent {
+        version,
+        sha256: found.sha256,
+        bytes: found.bytes,
+    })
+}
+
+/// How often the HTTP functions are compared with the registry even
+/// without a change announced (the registry re-reads every 30 s).
+const FOLLOW_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Keeps the served HTTP functions on the registry's live versions: after
+/// a push, promote or rollback (the registry's sync), each component whose
+/// live version moved is compiled and swapped in. A version that cannot be
+/// served is logged once, and the current code stays.
+async fn follow_pushes(state: std::sync::Weak<AppState>, functions: Arc<HttpFunctions>) {
+    let mut refused: HashMap<String, i32> = HashMap::new();
+    let mut seen = None;
+    loop {
+        let Some(state) = state.upgrade() else {
+            return;
+        };
+        let registry = Arc::clone(&state.registry);
+        let generation = registry.generation();
+        if seen != Some(generation) {
+            seen = Some(generation);
+            let live = registry.http_functions();
+            for (id, origin) in functions.origins() {
+                let Some((version, sha256)) = live.get(&id) else {
+                    continue;
+                };
+                let current = crate::runtime::http::Origin::Pushed {
+                    version: *version,
+                    sha256: sha256.clone(),
+                };
+                if origin == current || refused.get(&id) == Some(version) {
+                    continue;
+                }
+                let swapped = match state.store().await {
+                    Ok(store) => swap(&store, &functions, &id, *version).await,
+                    Err(error) => Err(anyhow::anyhow!("{error}")),
+                };
+                match swapped {
+                    Ok(()) => {
+                        refused.remove(&id);
+                        tracing::info!(message = "HTTP function swapped to a pushed version.", component = %id, version, from = ?origin);
+                    }
+                    Err(error) => {
+                        // Read again at the next change or tick; a version
+                        // that cannot be served is not tried again.
+                        if error.is::<crate::runtime::http::ManifestError>() {
+                            refused.insert(id.clone(), *version);
+                        } else {
+                            seen = None;
+                        }
+                        tracing::error!(message = "HTTP function not swapped; it serves what it served.", component = %id, version, %error);
+                    }
+                }
+            }
+        }
+        drop(state);
+        tokio::select! {
+            _ = registry.changed() => {}
+            _ = tokio::time::sleep(FOLLOW_EVERY) => {}
+        }
+    }
+}
+
+async fn swap(
+    store: &crate::store::Store,
+    functions: &Arc<HttpFunctions>,
+    id: &str,
+    version: i32,
+) -> anyhow::Result<()> {
+    let pushed = pushed_component(store, id, version).await?;
+    let (functions, id) = (Arc::clone(functions), id.to_string());
+    tokio::task::spawn_blocking(move || functions.swap(&id, &pushed)).await??;
+    Ok(())
 }
 
 /// A path no Laurel route takes: an HTTP function's, if `spin.toml`

@@ -109,12 +109,13 @@ enum FunctionsCommand {
     /// Register FILE as a new version of NAME (its kind is read from the
     /// component; `--kind` makes it a check).
     Push {
-        /// The function's name, as award definitions reference it.
+        /// The function's name, as award definitions reference it (an HTTP
+        /// function: the id of the spin.toml component it serves).
         name: String,
         /// The component: a `.wasm` file built for wasm32-wasip2.
         file: PathBuf,
-        /// The kind the component must be (filter, rule, strategy or transform):
-        /// refused if it is another.
+        /// The kind the component must be (filter, rule, strategy, transform
+        /// or http): refused if it is another.
         #[arg(long, value_parser = parse_kind)]
         kind: Option<FunctionKind>,
         /// Push even if an award's config is refused by the new version.
@@ -149,9 +150,10 @@ enum FunctionsCommand {
         sandbox: Sandbox,
     },
     /// What a candidate version of NAME would change before it serves: the
-    /// recent events of every award that uses NAME (from Kafka) through the
-    /// live and the candidate version; per award, the users whose counters
-    /// or progress would change, who would complete or lose a completion.
+    /// recent events of every award that uses NAME (from Kafka) and the
+    /// stored content items' last events through the live and the
+    /// candidate version; per award, the users whose counters or progress
+    /// would change, who would complete or lose a completion.
     Diff {
         name: String,
         /// The candidate [default: the newest version above the live one].
@@ -160,6 +162,10 @@ enum FunctionsCommand {
         /// Messages read back per partition of each source.
         #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(i64).range(1..=1_000_000))]
         events: i64,
+        /// Stored content items compared (each item's last applied event;
+        /// whole users, in key order); 0 compares Kafka's window only.
+        #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(i64).range(0..=10_000_000))]
+        items: i64,
         /// Print the diff as JSON.
         #[arg(long)]
         json: bool,
@@ -236,6 +242,10 @@ enum AwardsCommand {
         /// Messages read back per partition of each source (--dry-run).
         #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(i64).range(1..=1_000_000))]
         events: i64,
+        /// Stored content items compared (--dry-run; each item's last
+        /// applied event, whole users, in key order); 0: none.
+        #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(i64).range(0..=10_000_000))]
+        items: i64,
         /// Print the dry run as JSON.
         #[arg(long, requires = "dry_run")]
         json: bool,
@@ -537,7 +547,7 @@ enum DevCommand {
 
 fn parse_kind(kind: &str) -> Result<FunctionKind, String> {
     FunctionKind::parse(kind)
-        .ok_or_else(|| format!("unknown kind {kind:?} (filter, rule, strategy or transform)"))
+        .ok_or_else(|| format!("unknown kind {kind:?} (filter, rule, strategy, transform or http)"))
 }
 
 pub fn main() -> ExitCode {

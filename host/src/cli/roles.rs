@@ -286,17 +286,25 @@ async fn start_api(
     if let Some(path) = serving.process.spin_manifest() {
         let manifest =
             crate::runtime::http::manifest::load(&path, &|name| std::env::var(name).ok())?;
-        let routes: Vec<String> = manifest
+        let routes: Vec<(String, String)> = manifest
             .routes
             .iter()
-            .map(|r| format!("{} -> {}", r.pattern, r.component))
+            .map(|r| (r.pattern.clone(), r.component.clone()))
             .collect();
         state
             .serve_functions(manifest, serving.http_functions.clone())
+            .await
             .with_context(|| format!("cannot serve {}", path.display()))?;
+        let origins: std::collections::HashMap<_, _> =
+            state.http_function_origins().into_iter().collect();
         println!("HTTP functions from {}:", path.display());
-        for route in routes {
-            println!("  {route}");
+        for (pattern, component) in routes {
+            match origins.get(&component) {
+                Some(crate::runtime::http::Origin::Pushed { version, .. }) => {
+                    println!("  {pattern} -> {component} (pushed v{version})")
+                }
+                _ => println!("  {pattern} -> {component}"),
+            }
         }
     }
     Ok((listener, state))

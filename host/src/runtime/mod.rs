@@ -51,6 +51,9 @@ pub enum FunctionKind {
     Strategy,
     /// The pre-filter's: raw records to events.
     Transform,
+    /// Serves HTTP requests (a wasi:http handler, as Spin builds them) for
+    /// the `spin.toml` component of its name.
+    Http,
 }
 
 impl FunctionKind {
@@ -60,6 +63,7 @@ impl FunctionKind {
             FunctionKind::Rule => "rule",
             FunctionKind::Strategy => "strategy",
             FunctionKind::Transform => "transform",
+            FunctionKind::Http => "http",
         }
     }
 
@@ -69,6 +73,7 @@ impl FunctionKind {
             "rule" => Some(FunctionKind::Rule),
             "strategy" => Some(FunctionKind::Strategy),
             "transform" => Some(FunctionKind::Transform),
+            "http" => Some(FunctionKind::Http),
             _ => None,
         }
     }
@@ -174,6 +179,10 @@ pub enum LoadError {
     },
     #[error("component {name} cannot be linked: {reason}")]
     Link { name: String, reason: String },
+    #[error(
+        "component {name} is an HTTP function: it serves the requests spin.toml routes to its component of that name, not awards"
+    )]
+    Http { name: String },
 }
 
 /// Why a call into a function failed. Each names the function and version.
@@ -376,6 +385,13 @@ impl Runtime {
                 actual: kind,
             });
         }
+        // Served by the HTTP functions' own engine, never called here.
+        let http = || LoadError::Http {
+            name: name.to_string(),
+        };
+        if kind == FunctionKind::Http {
+            return Err(http());
+        }
         let link_error = |e: wasmtime::Error| LoadError::Link {
             name: name.to_string(),
             reason: format!("{e:#}"),
@@ -396,6 +412,7 @@ impl Runtime {
             FunctionKind::Transform => {
                 Pre::Transform(bindings::transform::TransformPre::new(pre).map_err(link_error)?)
             }
+            FunctionKind::Http => return Err(http()),
         };
         Ok(Arc::new(Function {
             name: name.to_string(),
@@ -424,6 +441,11 @@ fn kind_of(name: &str, component: &Component, engine: &Engine) -> Result<Functio
             bindings::RULE_EXPORT => kinds.push(FunctionKind::Rule),
             bindings::STRATEGY_EXPORT => kinds.push(FunctionKind::Strategy),
             bindings::TRANSFORM_EXPORT => kinds.push(FunctionKind::Transform),
+            http if http == "wasi:http/handler@0.3.0"
+                || http.starts_with("wasi:http/incoming-handler@0.2") =>
+            {
+                kinds.push(FunctionKind::Http)
+            }
             _ => {}
         }
     }

@@ -91,6 +91,7 @@ impl Server {
         if let Some((manifest, limits)) = functions {
             state
                 .serve_functions(manifest, limits)
+                .await
                 .map_err(|e| format!("{e:#}"))?;
         }
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

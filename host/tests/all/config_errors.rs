@@ -18,6 +18,7 @@ fn every_builtin_refuses_config_that_is_not_json() {
             FunctionKind::Rule => RuleInstance::new(function, "not json").err(),
             FunctionKind::Strategy => StrategyInstance::new(function, "not json").err(),
             FunctionKind::Transform => TransformInstance::new(function, "not json").err(),
+            FunctionKind::Http => panic!("{}: the library has no HTTP function", builtin.name),
         }
         .unwrap_or_else(|| panic!("{} accepted `not json`", builtin.name));
         assert!(

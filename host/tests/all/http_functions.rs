@@ -559,3 +559,153 @@ async fn an_allowed_host_that_redirects_is_not_followed_elsewhere() {
     pools.delete_pool(&pool).await.unwrap();
     db.drop_database().await;
 }
+
+/// `laurel ARGS` (the built binary) against `database_url`: (success,
+/// stdout, stderr).
+fn laurel_cli(database_url: &str, args: &[&str]) -> (bool, String, String) {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_laurel"))
+        .env("LAUREL_DATABASE_URL", database_url)
+        .env("LAUREL_LOG", "warn")
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// GET `path` until its status is `status` (the swap follows the push's
+/// notification), at most 20 s.
+async fn until_status(server: &Server, path: &str, status: u16) -> String {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let (got, _, body) = server.raw("GET", path, &[], "").await;
+        if got == status {
+            return body;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{path} still answers {got} ({body}), not {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_function_pushed_under_its_component_id_serves_without_a_restart_and_rolls_back() {
+    let (db, registry) = crate::api::database_with("[]").await;
+    let server = Server::start_with_functions(
+        &db.url,
+        registry.clone(),
+        None,
+        Some((manifest(&app("pushed"), 1, "").unwrap(), limits())),
+    )
+    .await
+    .unwrap();
+    // The manifest's file serves first.
+    let body = until_status(&server, "/p2", 200).await;
+    assert!(body.starts_with("p2 says hello; count 1"), "{body}");
+
+    let dir = laurel::library::guest_dir();
+    let file = |name: &str| dir.join(name).to_string_lossy().into_owned();
+    // Another process pushes (the binary, as a team would): v1, noop.
+    let (ok, stdout, stderr) = laurel_cli(
+        &db.url,
+        &[
+            "functions",
+            "push",
+            "p2",
+            &file("http_noop.wasm"),
+            "--kind",
+            "http",
+        ],
+    );
+    assert!(ok, "{stdout}{stderr}");
+    assert!(stdout.contains("p2 v1"), "{stdout}");
+    until_status(&server, "/p2", 204).await;
+    // The kind is read from the component when not given: v2.
+    let (ok, stdout, stderr) = laurel_cli(
+        &db.url,
+        &["functions", "push", "p2", &file("http_p2_hello.wasm")],
+    );
+    assert!(ok, "{stdout}{stderr}");
+    assert!(stdout.contains("p2 v2"), "{stdout}");
+    let body = until_status(&server, "/p2", 200).await;
+    // The manifest's variables and key-value store still hold for it (the
+    // count goes on from the file's requests).
+    let count: u64 = body
+        .strip_prefix("p2 says hello; count ")
+        .and_then(|rest| rest.split(';').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{body}"));
+    assert!(count >= 2, "{body}");
+    // One step back, without a restart: noop again.
+    let (ok, stdout, stderr) = laurel_cli(&db.url, &["functions", "rollback", "p2"]);
+    assert!(ok, "{stdout}{stderr}");
+    until_status(&server, "/p2", 204).await;
+    // Listed with its kind.
+    let (ok, stdout, _) = laurel_cli(&db.url, &["functions", "list"]);
+    assert!(ok);
+    let line = stdout.lines().find(|l| l.starts_with("p2 ")).unwrap();
+    assert!(line.split_whitespace().nth(1) == Some("http"), "{line}");
+
+    // Refused, naming why, and nothing registered: a filter as http, an
+    // HTTP function as a filter, one importing what Laurel lacks.
+    let filter = file("accept_all_filter.wasm");
+    let (ok, _, stderr) = laurel_cli(
+        &db.url,
+        &["functions", "push", "p2", &filter, "--kind", "http"],
+    );
+    assert!(!ok);
+    assert!(
+        stderr
+            .contains("exports neither wasi:http/handler@0.3.0 nor wasi:http/incoming-handler@0.2"),
+        "{stderr}"
+    );
+    let (ok, _, stderr) = laurel_cli(
+        &db.url,
+        &[
+            "functions",
+            "push",
+            "p2",
+            &file("http_p2_hello.wasm"),
+            "--kind",
+            "filter",
+        ],
+    );
+    assert!(!ok);
+    assert!(
+        stderr.contains("is a http, but it is registered as a filter"),
+        "{stderr}"
+    );
+    let (ok, _, stderr) = laurel_cli(
+        &db.url,
+        &["functions", "push", "p2", &file("http_forbidden.wasm")],
+    );
+    assert!(!ok);
+    assert!(
+        stderr.contains("it imports `spin:sqlite/sqlite@"),
+        "{stderr}"
+    );
+    let versions = db.store().await.all_function_versions().await.unwrap();
+    assert_eq!(versions.iter().filter(|r| r.name == "p2").count(), 2);
+
+    // An award cannot use it as a filter.
+    let award = r#"{"id": "web", "title": "Web", "objectives": [{"id": "o",
+        "filters": [{"name": "p2", "config": {}}],
+        "rule": {"name": "CountRule", "config": {"counter": "n"}}, "progress_counter": "n"}],
+        "strategy": {"goal": 1, "strategy": [{"objective_id": "o"}]}}"#;
+    let mut store = db.store().await;
+    let error = laurel::definitions::apply(&mut store, &registry, award)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("function p2 is a http, not a filter"),
+        "{error}"
+    );
+    drop(server);
+    db.drop_database().await;
+}

@@ -88,9 +88,10 @@ pub(super) async fn push(
         Some("rule") => Some(FunctionKind::Rule),
         Some("strategy") => Some(FunctionKind::Strategy),
         Some("transform") => Some(FunctionKind::Transform),
+        Some("http") => Some(FunctionKind::Http),
         Some(other) => {
             return Err(ApiError::BadRequest(format!(
-                "query parameter kind must be filter, rule, strategy or transform, not {other:?}"
+                "query parameter kind must be filter, rule, strategy, transform or http, not {other:?}"
             )));
         }
     };
@@ -237,6 +238,19 @@ pub(super) async fn diff(
     };
     let version = at_most("version", i64::from(i32::MAX))?.map(|v| v as i32);
     let events = at_most("events", 1_000_000)?.unwrap_or(10_000);
+    let items = match query.get("items").map(String::as_str) {
+        None => 100_000,
+        Some(v) => v
+            .parse::<i64>()
+            .ok()
+            .filter(|n| (0..=10_000_000).contains(n))
+            .ok_or_else(|| {
+                ApiError::BadRequest(format!(
+                    "query parameter items must be a whole number from 0 to 10000000, not {v:?}"
+                ))
+            })?,
+    };
+    let reach = crate::shadow::Reach { events, items };
     let Some(brokers) = state.settings.kafka_brokers.clone() else {
         return Err(ApiError::Unavailable(
             "this process has no Kafka brokers configured: a diff reads recent events from Kafka"
@@ -244,7 +258,7 @@ pub(super) async fn diff(
         ));
     };
     let store = state.store().await?;
-    crate::shadow::diff(&store, &state.registry, &brokers, &name, version, events)
+    crate::shadow::diff(&store, &state.registry, &brokers, &name, version, reach)
         .await
         .map(Json)
         .map_err(|error| match error {

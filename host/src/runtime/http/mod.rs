@@ -19,7 +19,7 @@ pub use host::{HttpServices, KvError, ProgressError};
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, RwLock, Weak};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -93,10 +93,13 @@ pub struct HttpFunctions {
 
 struct Inner {
     engine: Engine,
+    linker: Linker<HttpState>,
     app: Arc<str>,
     services: Arc<dyn HttpServices>,
     manifest: Manifest,
-    components: HashMap<String, Served>,
+    /// By component id; a push swaps one (requests in flight finish on
+    /// the code they started with).
+    components: RwLock<HashMap<String, Arc<Served>>>,
     limits: HttpLimits,
 }
 
@@ -105,6 +108,93 @@ struct Served {
     variables: Arc<HashMap<String, String>>,
     stores: Arc<Vec<String>>,
     pre: Pre,
+    origin: Origin,
+}
+
+/// Where a served component's code came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    /// Its `source` in the manifest (or the built-in of that file name).
+    File,
+    /// A version pushed to the registry under the component's id.
+    Pushed { version: i32, sha256: String },
+}
+
+/// A version of an HTTP function from the registry, to serve in place of
+/// the manifest's file for the component of the same id.
+#[derive(Debug, Clone)]
+pub struct PushedComponent {
+    pub version: i32,
+    pub sha256: String,
+    pub bytes: Vec<u8>,
+}
+
+/// The engine HTTP functions run on: async, component-model async
+/// (WASIp3), interrupted by epochs.
+fn engine() -> Result<Engine, ManifestError> {
+    let mut config = Config::new();
+    config.epoch_interruption(true);
+    config.wasm_component_model_async(true);
+    Engine::new(&config).map_err(|e| ManifestError(format!("the Wasm engine: {e}")))
+}
+
+/// Compiles and links one component: which world it serves.
+fn prepare(
+    engine: &Engine,
+    linker: &Linker<HttpState>,
+    id: &str,
+    what: &str,
+    bytes: &[u8],
+) -> Result<Pre, ManifestError> {
+    let component = Component::new(engine, bytes).map_err(|e| {
+        ManifestError(format!(
+            "component `{id}` ({what}) is not a valid component: {e}"
+        ))
+    })?;
+    link(linker, id, &component)
+}
+
+/// Links a compiled component: which world it serves.
+fn link(linker: &Linker<HttpState>, id: &str, component: &Component) -> Result<Pre, ManifestError> {
+    let pre = linker.instantiate_pre(component).map_err(|e| {
+        ManifestError(format!(
+            "component `{id}` cannot be served: {}",
+            import_problem(&e)
+        ))
+    })?;
+    match wasmtime_wasi_http::p3::bindings::ServicePre::new(pre.clone()) {
+        Ok(pre) => Ok(Pre::P3(pre)),
+        Err(_) => match wasmtime_wasi_http::p2::bindings::ProxyPre::new(pre) {
+            Ok(pre) => Ok(Pre::P2(pre)),
+            Err(_) => Err(ManifestError(format!(
+                "component `{id}` exports neither wasi:http/handler@0.3.0 nor wasi:http/incoming-handler@0.2: it is not an HTTP component"
+            ))),
+        },
+    }
+}
+
+/// Why pushed bytes cannot be served as an HTTP function.
+#[derive(Debug)]
+pub enum Unservable {
+    /// Not a component (as the HTTP functions' engine reads them).
+    Invalid(String),
+    /// A component, but not one Laurel can serve (no wasi:http handler, an
+    /// import it lacks).
+    Refused(String),
+}
+
+/// Checks that `bytes` is an HTTP function Laurel can serve (valid,
+/// exporting a wasi:http handler, importing only what is provided), as a
+/// push does before registering it. Returns the world it serves.
+pub fn inspect(name: &str, bytes: &[u8]) -> Result<&'static str, Unservable> {
+    let engine = engine().map_err(|e| Unservable::Invalid(e.0))?;
+    let linker = linker(&engine).map_err(|e| Unservable::Invalid(e.0))?;
+    let component = Component::new(&engine, bytes).map_err(|e| {
+        Unservable::Invalid(format!("component `{name}` is not a valid component: {e}"))
+    })?;
+    Ok(link(&linker, name, &component)
+        .map_err(|e| Unservable::Refused(e.0))?
+        .world())
 }
 
 enum Pre {
@@ -132,79 +222,122 @@ impl HttpFunctions {
         limits: HttpLimits,
         services: Arc<dyn HttpServices>,
         fallback: &dyn Fn(&str) -> Option<&'static [u8]>,
+        pushed: &HashMap<String, PushedComponent>,
     ) -> Result<HttpFunctions, ManifestError> {
-        let mut config = Config::new();
-        config.epoch_interruption(true);
-        config.wasm_component_model_async(true);
-        let engine =
-            Engine::new(&config).map_err(|e| ManifestError(format!("the Wasm engine: {e}")))?;
+        let engine = engine()?;
         let linker = linker(&engine)?;
         let mut components = HashMap::new();
         for (id, spec) in &manifest.components {
             let path: PathBuf = manifest.dir.join(&spec.source);
-            let bytes: std::borrow::Cow<'static, [u8]> = match std::fs::read(&path) {
-                Ok(bytes) => bytes.into(),
-                Err(error) => {
-                    let file = spec
-                        .source
-                        .file_name()
-                        .map(|f| f.to_string_lossy().into_owned())
-                        .unwrap_or_default();
-                    match fallback(&file) {
-                        Some(bytes) => bytes.into(),
-                        None => {
-                            return Err(ManifestError(format!(
-                                "component `{id}`: cannot read {}: {error}",
-                                path.display()
-                            )));
+            let (pre, origin) = match pushed.get(id) {
+                Some(version) => {
+                    let what = format!("pushed v{}", version.version);
+                    let pre = prepare(&engine, &linker, id, &what, &version.bytes)?;
+                    let origin = Origin::Pushed {
+                        version: version.version,
+                        sha256: version.sha256.clone(),
+                    };
+                    (pre, origin)
+                }
+                None => {
+                    let bytes: std::borrow::Cow<'static, [u8]> = match std::fs::read(&path) {
+                        Ok(bytes) => bytes.into(),
+                        Err(error) => {
+                            let file = spec
+                                .source
+                                .file_name()
+                                .map(|f| f.to_string_lossy().into_owned())
+                                .unwrap_or_default();
+                            match fallback(&file) {
+                                Some(bytes) => bytes.into(),
+                                None => {
+                                    return Err(ManifestError(format!(
+                                        "component `{id}`: cannot read {} (and no version of it is pushed): {error}",
+                                        path.display()
+                                    )));
+                                }
+                            }
                         }
-                    }
+                    };
+                    let what = path.display().to_string();
+                    (prepare(&engine, &linker, id, &what, &bytes)?, Origin::File)
                 }
             };
-            let component = Component::new(&engine, &bytes).map_err(|e| {
-                ManifestError(format!(
-                    "component `{id}` ({}) is not a valid component: {e}",
-                    path.display()
-                ))
-            })?;
-            let pre = linker.instantiate_pre(&component).map_err(|e| {
-                ManifestError(format!(
-                    "component `{id}` cannot be served: {}",
-                    import_problem(&e)
-                ))
-            })?;
-            let pre = match wasmtime_wasi_http::p3::bindings::ServicePre::new(pre.clone()) {
-                Ok(pre) => Pre::P3(pre),
-                Err(_) => match wasmtime_wasi_http::p2::bindings::ProxyPre::new(pre) {
-                    Ok(pre) => Pre::P2(pre),
-                    Err(_) => {
-                        return Err(ManifestError(format!(
-                            "component `{id}` exports neither wasi:http/handler@0.3.0 nor wasi:http/incoming-handler@0.2: it is not an HTTP component"
-                        )));
-                    }
-                },
-            };
-            tracing::info!(message = "HTTP function loaded.", component = %id, world = pre.world());
+            tracing::info!(message = "HTTP function loaded.", component = %id, world = pre.world(), origin = ?origin);
             components.insert(
                 id.clone(),
-                Served {
+                Arc::new(Served {
                     spec: Arc::new(spec.clone()),
                     variables: Arc::new(spec.variables.clone()),
                     stores: Arc::new(spec.key_value_stores.clone()),
                     pre,
-                },
+                    origin,
+                }),
             );
         }
         let inner = Arc::new(Inner {
             engine,
+            linker,
             app: manifest.name.as_str().into(),
             services,
             manifest,
-            components,
+            components: RwLock::new(components),
             limits,
         });
         spawn_epoch_ticker(Arc::downgrade(&inner));
         Ok(HttpFunctions { inner })
+    }
+
+    /// Serves `pushed` for component `id` from now on (compiling it: call
+    /// it off the async workers). Requests in flight finish on the code
+    /// they started with; if it cannot be served, the current code stays.
+    pub fn swap(&self, id: &str, pushed: &PushedComponent) -> Result<(), ManifestError> {
+        let current = self
+            .component(id)
+            .ok_or_else(|| ManifestError(format!("no component `{id}` in the manifest")))?;
+        let what = format!("pushed v{}", pushed.version);
+        let inner = &self.inner;
+        let pre = prepare(&inner.engine, &inner.linker, id, &what, &pushed.bytes)?;
+        let served = Arc::new(Served {
+            spec: current.spec.clone(),
+            variables: current.variables.clone(),
+            stores: current.stores.clone(),
+            pre,
+            origin: Origin::Pushed {
+                version: pushed.version,
+                sha256: pushed.sha256.clone(),
+            },
+        });
+        inner
+            .components
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id.to_string(), served);
+        Ok(())
+    }
+
+    /// Every component's id and where its code came from.
+    pub fn origins(&self) -> Vec<(String, Origin)> {
+        let components = self
+            .inner
+            .components
+            .read()
+            .unwrap_or_else(|p| p.into_inner());
+        let mut all: Vec<_> = components
+            .iter()
+            .map(|(id, served)| (id.clone(), served.origin.clone()))
+            .collect();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all
+    }
+
+    fn component(&self, id: &str) -> Option<Arc<Served>> {
+        self.inner
+            .components
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+            .cloned()
     }
 
     pub fn manifest(&self) -> &Manifest {
@@ -225,7 +358,7 @@ impl HttpFunctions {
     ) -> Option<Result<http::Response<Bytes>, HttpFunctionError>> {
         let path = request.uri().path().to_string();
         let (route, params) = self.inner.manifest.route(&path)?;
-        let served = self.inner.components.get(&route.component)?;
+        let served = self.component(&route.component)?;
         let component = route.component.clone();
         let limits = &self.inner.limits;
         if request.body().len() > limits.max_body_bytes {
@@ -235,7 +368,7 @@ impl HttpFunctions {
         }
         let request = with_spin_headers(request, &route.pattern, &params, client);
         let started = std::time::Instant::now();
-        let run = self.run(served, request);
+        let run = self.run(&served, request);
         let result = match tokio::time::timeout(limits.timeout, run).await {
             Ok(result) => result.map_err(|reason| match reason {
                 Failure::Trap(reason) => HttpFunctionError::Failed {

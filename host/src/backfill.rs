@@ -131,9 +131,16 @@ pub struct Backfiller {
     brokers: Option<String>,
     /// Made at the first analytics step.
     reader: Option<ingest::RetainedReader>,
+    /// Sources' topics by name, read again when a source is not in it.
+    topics: HashMap<String, String>,
     /// A connection of its own that reads the next step's items while
     /// `store` applies this one's (made at the first step).
     reads: Option<Store>,
+    /// The lease this worker holds while it walks (award, started_at, when
+    /// it was last renewed): one a failed step left is released at the next
+    /// [`Backfiller::work`] while it is surely still this worker's, so the
+    /// walk resumes at once rather than when the lease lapses.
+    held: Option<(String, chrono::DateTime<chrono::Utc>, std::time::Instant)>,
 }
 
 impl Backfiller {
@@ -146,7 +153,9 @@ impl Backfiller {
             plans: HashMap::new(),
             planned: None,
             reader: None,
+            topics: HashMap::new(),
             reads: None,
+            held: None,
         }
     }
 
@@ -162,12 +171,39 @@ impl Backfiller {
         &mut self,
         award_id: Option<&str>,
         stop: &watch::Receiver<bool>,
-        mut progress: impl FnMut(&HistoryBackfill),
+        progress: impl FnMut(&HistoryBackfill),
     ) -> anyhow::Result<Option<HistoryBackfill>> {
         self.store.heal().await?;
-        let Some(mut backfill) = self.store.claim_history_backfill(award_id, LEASE).await? else {
+        if let Some((award, started_at, renewed)) = &self.held {
+            if renewed.elapsed() < LEASE / 2 {
+                self.store
+                    .release_history_backfill(award, *started_at)
+                    .await?;
+            }
+            self.held = None;
+        }
+        let Some(backfill) = self.store.claim_history_backfill(award_id, LEASE).await? else {
             return Ok(None);
         };
+        self.held = Some((
+            backfill.award_id.clone(),
+            backfill.started_at,
+            std::time::Instant::now(),
+        ));
+        let walked = self.walk(backfill, stop, progress).await;
+        if walked.is_ok() {
+            self.held = None;
+        }
+        walked
+    }
+
+    /// Walks a claimed backfill (see [`Backfiller::work`]).
+    async fn walk(
+        &mut self,
+        mut backfill: HistoryBackfill,
+        stop: &watch::Receiver<bool>,
+        mut progress: impl FnMut(&HistoryBackfill),
+    ) -> anyhow::Result<Option<HistoryBackfill>> {
         info!(message = "Backfilling from history.", award = %backfill.award_id, version = backfill.award_version, done = backfill.done, total = backfill.total);
         let (award, version, updated_at) =
             match enabled_award(&self.store, &backfill.award_id).await {
@@ -253,6 +289,7 @@ impl Backfiller {
             if !recorded {
                 return self.lost(&backfill).await;
             }
+            self.renewed();
             backfill.after = after;
             backfill.done += step.done;
             backfill.changed += step.changed;
@@ -310,6 +347,7 @@ impl Backfiller {
             {
                 return self.lost(&backfill).await;
             }
+            self.renewed();
             if let (Some((key, next)), Some(positions)) =
                 (&step.position, backfill.positions.as_mut())
                 && let Some(position) = positions.get_mut(key)
@@ -333,6 +371,13 @@ impl Backfiller {
             if finished {
                 return Ok(Some(backfill));
             }
+        }
+    }
+
+    /// The lease held was just renewed.
+    fn renewed(&mut self) {
+        if let Some(held) = &mut self.held {
+            held.2 = std::time::Instant::now();
         }
     }
 
@@ -363,32 +408,38 @@ impl Backfiller {
         backfill: &HistoryBackfill,
     ) -> anyhow::Result<(BTreeMap<String, (i64, i64)>, bool, Option<String>)> {
         let mut positions = BTreeMap::new();
-        let Some(brokers) = &self.brokers else {
+        let Some(brokers) = self.brokers.clone() else {
             return Ok((
                 positions,
                 true,
                 Some("no Kafka brokers (LAUREL_KAFKA_BROKERS): retained analytics events were not read".into()),
             ));
         };
-        let topics: HashMap<String, String> = self
+        self.read_topics().await?;
+        let mut from_start = true;
+        for source in &backfill.sources {
+            let Some(topic) = self.topics.get(source) else {
+                continue;
+            };
+            let group = format!("{}.{source}", ingest::GROUP_PREFIX);
+            for (partition, low, end) in ingest::committed_ranges(&brokers, &group, topic).await? {
+                from_start &= low == 0;
+                positions.insert(format!("{source}/{partition}"), (low, end));
+            }
+        }
+        Ok((positions, from_start, None))
+    }
+
+    /// The registered sources' topics, read again.
+    async fn read_topics(&mut self) -> anyhow::Result<()> {
+        self.topics = self
             .store
             .sources()
             .await?
             .into_iter()
             .map(|s| (s.name, s.topic))
             .collect();
-        let mut from_start = true;
-        for source in &backfill.sources {
-            let Some(topic) = topics.get(source) else {
-                continue;
-            };
-            let group = format!("{}.{source}", ingest::GROUP_PREFIX);
-            for (partition, low, end) in ingest::committed_ranges(brokers, &group, topic).await? {
-                from_start &= low == 0;
-                positions.insert(format!("{source}/{partition}"), (low, end));
-            }
-        }
-        Ok((positions, from_start, None))
+        Ok(())
     }
 
     /// One step of the analytics phase: up to a batch of one partition's
@@ -406,13 +457,13 @@ impl Backfiller {
             .rsplit_once('/')
             .and_then(|(s, p)| Some((s.to_string(), p.parse::<i32>().ok()?)))
             .ok_or_else(|| anyhow::anyhow!("a backfill position {key:?} names no partition"))?;
+        if !self.topics.contains_key(&source) {
+            self.read_topics().await?;
+        }
         let topic = self
-            .store
-            .sources()
-            .await?
-            .into_iter()
-            .find(|s| s.name == source)
-            .map(|s| s.topic)
+            .topics
+            .get(&source)
+            .cloned()
             .ok_or_else(|| anyhow::anyhow!("source {source} is no longer registered"))?;
         let brokers = self.brokers.clone().unwrap_or_default();
         let reader = self
@@ -559,17 +610,10 @@ impl Backfiller {
     ) -> anyhow::Result<(i64, i64, Option<String>)> {
         // Users who get no progress, as in ingest (their events were
         // logged as skipped when they came).
-        let users: Vec<&str> = admitted
-            .iter()
-            .map(|(_, e)| e.user_id.as_str())
-            .collect::<HashSet<_>>()
-            .into_iter()
-            .collect();
-        let excluded = if users.is_empty() {
-            HashMap::new()
-        } else {
-            self.store.excluded_users(&users).await?
-        };
+        let excluded = self
+            .store
+            .excluded_users(admitted.iter().map(|(_, e)| e.user_id.as_str()))
+            .await?;
         let mut unused = Vec::new();
         admitted
             .retain(|(index, envelope)| !ingest::skipped(*index, envelope, &excluded, &mut unused));

@@ -24,8 +24,8 @@ async fn store(connections: &Connections) -> anyhow::Result<Store> {
 /// A diff as a table, each award's users and examples under it.
 fn print_diff(diff: &crate::shadow::Diff) {
     println!(
-        "{} v{} (live) -> v{} (candidate): {} recent events read",
-        diff.function, diff.live_version, diff.candidate_version, diff.events
+        "{} v{} (live) -> v{} (candidate): {} recent events and {} stored items read",
+        diff.function, diff.live_version, diff.candidate_version, diff.events, diff.items
     );
     if let Some(note) = &diff.note {
         println!("  not read: {note}");
@@ -167,7 +167,12 @@ pub(super) async fn functions(
             };
             match (outcome, shadow) {
                 (PushOutcome::Created { version }, false) => {
-                    println!("pushed {name} v{version} ({kind})")
+                    println!("pushed {name} v{version} ({kind})");
+                    if kind == crate::runtime::FunctionKind::Http {
+                        println!(
+                            "  it serves spin.toml's component `{name}` in every process that serves that manifest, from their next request"
+                        );
+                    }
                 }
                 (PushOutcome::Created { version }, true) => println!(
                     "pushed {name} v{version} ({kind}) as a shadow candidate: it serves nothing until `laurel functions promote {name} {version}`"
@@ -202,14 +207,16 @@ pub(super) async fn functions(
             name,
             version,
             events,
+            items,
             json,
             kafka_brokers,
             sandbox,
         } => {
             let store = store(connections).await?;
             let registry = Registry::start(&connections.database_url, sandbox.runtime()?).await?;
+            let reach = crate::shadow::Reach { events, items };
             let diff =
-                crate::shadow::diff(&store, &registry, &kafka_brokers, &name, version, events)
+                crate::shadow::diff(&store, &registry, &kafka_brokers, &name, version, reach)
                     .await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&diff)?);
@@ -355,6 +362,7 @@ pub(super) async fn awards(
             file,
             dry_run: true,
             events,
+            items,
             json,
             kafka_brokers,
             sandbox,
@@ -369,14 +377,16 @@ pub(super) async fn awards(
                 );
                 return Ok(());
             };
-            let dry = crate::shadow::dry_run(&store, &registry, &brokers, &checked, events).await?;
+            let reach = crate::shadow::Reach { events, items };
+            let dry = crate::shadow::dry_run(&store, &registry, &brokers, &checked, reach).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&dry)?);
             } else {
                 println!(
-                    "checked {} (nothing written): {} recent events read",
+                    "checked {} (nothing written): {} recent events and {} stored items read",
                     ids.join(", "),
-                    dry.events
+                    dry.events,
+                    dry.items
                 );
                 if let Some(note) = &dry.note {
                     println!("  not read: {note}");
@@ -534,21 +544,54 @@ async fn backfill_here(
     };
     let (_stop_tx, stop) = tokio::sync::watch::channel(false);
     let mut backfiller = crate::backfill::Backfiller::new(store, registry, settings);
+    // PostgreSQL away for a moment (restarted, a connection cut) costs a
+    // pause: the walk resumes where its last step ended.
+    const TRIES: u32 = 12;
+    const PAUSE: std::time::Duration = std::time::Duration::from_secs(5);
+    let mut failures = 0;
     let done = loop {
-        if let Some(b) = backfiller.work(Some(id), &stop, &show).await?
-            && b.finished_at.is_some()
-        {
-            break b;
-        }
-        // Another process holds it: follow it, and take over if it stops.
-        let Some(b) = backfiller.store().history_backfill(id).await? else {
-            anyhow::bail!("the backfill of {id} was removed (the award was deleted)");
+        // Some(the backfill, if it finished), or None: it was removed.
+        let turn = async {
+            if let Some(b) = backfiller.work(Some(id), &stop, &show).await?
+                && b.finished_at.is_some()
+            {
+                return anyhow::Ok(Some(Some(b)));
+            }
+            // Another process holds it: follow it, and take over if it stops.
+            Ok(match backfiller.store().history_backfill(id).await? {
+                None => None,
+                Some(b) if b.finished_at.is_some() => Some(Some(b)),
+                Some(b) => {
+                    show(&b);
+                    Some(None)
+                }
+            })
         };
-        if b.finished_at.is_some() {
-            break b;
+        match turn.await {
+            Ok(Some(Some(b))) => break b,
+            Ok(Some(None)) => {
+                failures = 0;
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            }
+            Ok(None) => anyhow::bail!("the backfill of {id} was removed (the award was deleted)"),
+            Err(error) if failures + 1 < TRIES => {
+                failures += 1;
+                if terminal {
+                    eprintln!();
+                }
+                eprintln!(
+                    "a step failed ({error:#}); trying again in {} s (try {} of {TRIES}), from where the last step ended",
+                    PAUSE.as_secs(),
+                    failures + 1
+                );
+                tokio::time::sleep(PAUSE).await;
+            }
+            Err(error) => {
+                return Err(error.context(format!(
+                    "the backfill of {id} stopped here; it stays where its last step ended, and a process running ingest takes it up (`laurel awards list` shows it)"
+                )));
+            }
         }
-        show(&b);
-        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     };
     if terminal {
         eprintln!();

@@ -61,6 +61,10 @@ fn approved(last: &BTreeMap<(usize, usize), &'static str>) -> BTreeMap<String, i
 /// `laurel awards backfill AWARD` with the built binary, on this pipeline's
 /// database (and broker, with `kafka`).
 fn backfill(p: &Pipeline, award: &str, kafka: bool) -> std::process::Output {
+    backfill_command(p, award, kafka).output().unwrap()
+}
+
+fn backfill_command(p: &Pipeline, award: &str, kafka: bool) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_laurel"));
     command
         .env("LAUREL_DATABASE_URL", &p.db.url)
@@ -70,7 +74,7 @@ fn backfill(p: &Pipeline, award: &str, kafka: bool) -> std::process::Output {
     if kafka {
         command.env("LAUREL_KAFKA_BROKERS", p.broker.bootstrap_servers());
     }
-    command.output().unwrap()
+    command
 }
 
 /// Per user, the award's `approved` counter (0 where it has none).
@@ -254,6 +258,54 @@ async fn a_backfilled_award_credits_past_photos_once_while_new_ones_arrive_and_a
         stdout.contains(
             "no Kafka brokers (LAUREL_KAFKA_BROKERS): retained analytics events were not read"
         ),
+        "{stdout}"
+    );
+    assert_eq!(counted(&p, "three-photos").await, expected);
+
+    // PostgreSQL cuts the binary's connections in the middle of a walk: it
+    // says so, goes on from where its last step ended, and again changes
+    // nothing.
+    let cut_from: chrono::DateTime<chrono::Utc> =
+        sql.query_one("SELECT now()", &[]).await.unwrap().get(0);
+    let mut command = backfill_command(&p, "three-photos", false);
+    command.args(["--batch", "1"]);
+    let walker = std::thread::spawn(move || command.output().unwrap());
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let b = store
+            .history_backfill("three-photos")
+            .await
+            .unwrap()
+            .unwrap();
+        if b.started_at > cut_from && b.done > 0 {
+            assert!(b.finished_at.is_none(), "walked before the cut: {b:?}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the walk never started"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let cut: i64 = sql
+        .query_one(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+             WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_start >= $1",
+            &[&cut_from],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(cut > 0, "the binary's connections were cut");
+    let output = walker.join().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+    );
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    assert!(stderr.contains("a step failed ("), "{stderr}");
+    assert!(
+        stdout.contains("0 changed a counter") && stdout.contains("; 0 failed"),
         "{stdout}"
     );
     assert_eq!(counted(&p, "three-photos").await, expected);

@@ -38,7 +38,7 @@ use rdkafka::producer::FutureProducer;
 use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tracing::{Instrument, error, info, info_span, warn};
+use tracing::{Instrument, debug, error, info, info_span, warn};
 
 mod replay;
 
@@ -291,6 +291,7 @@ impl PipelineConsumer {
                 break;
             }
             self.follow_pause();
+            let waited = std::time::Instant::now();
             let batch = match next_batch(
                 &self.consumer,
                 &settings,
@@ -304,10 +305,11 @@ impl PipelineConsumer {
                 NextBatch::Nothing => continue,
                 NextBatch::Stop => break,
             };
+            let waited = waited.elapsed();
             let span =
                 info_span!("prefilter_batch", pipeline = %self.pipeline.name, size = batch.len());
             async {
-                if let Err(error) = self.process(&batch).await {
+                if let Err(error) = self.process(&batch, waited).await {
                     error!(message = "A pre-filter batch was not finished; it will be read again.", pipeline = %self.pipeline.name, %error);
                     self.rewind(&batch);
                     let wait = match error {
@@ -371,7 +373,13 @@ impl PipelineConsumer {
         self.plan.as_mut().expect("planned above")
     }
 
-    async fn process(&mut self, batch: &[OwnedMessage]) -> Result<(), BatchError> {
+    /// One batch, read in `waited`.
+    async fn process(
+        &mut self,
+        batch: &[OwnedMessage],
+        waited: Duration,
+    ) -> Result<(), BatchError> {
+        let started = std::time::Instant::now();
         let max_bytes = self.shared.settings.max_event_bytes;
         let mut fates: Vec<Option<Fate>> = batch.iter().map(|_| None).collect();
         let mut records: Vec<RawRecord<'_>> = Vec::with_capacity(batch.len());
@@ -404,6 +412,7 @@ impl PipelineConsumer {
         // `transform-scope` skips them) or dropped before any check.
         let types = self.plan().event_types();
         let answers = self.transform_all(&topic, &records, types.as_ref())?;
+        let transformed = std::time::Instant::now();
         let mut dropped = 0;
         for (position, answer) in positions.iter().zip(answers) {
             fates[*position] = Some(match answer {
@@ -457,6 +466,7 @@ impl PipelineConsumer {
             .filter_map(|(candidate, keep)| keep.then_some(candidate))
             .collect();
         dropped += candidates.len() - kept.len();
+        let planned = std::time::Instant::now();
 
         // Everything acknowledged before anything is committed.
         let sends = kept.iter().map(|(_, envelope, json)| {
@@ -489,9 +499,22 @@ impl PipelineConsumer {
                 .add_partition_offset(&topic, partition, Offset::Offset(offset))
                 .map_err(|e| BatchError::Kafka(e.into()))?;
         }
+        let acknowledged = std::time::Instant::now();
         self.consumer
             .commit(&offsets, CommitMode::Sync)
             .map_err(|e| BatchError::Kafka(e.into()))?;
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        debug!(
+            message = "Pre-filter batch done.",
+            pipeline = %self.pipeline.name,
+            records = batch.len(),
+            kept = kept.len(),
+            wait_ms = ms(waited),
+            transform_ms = ms(transformed - started),
+            check_ms = ms(planned - transformed),
+            produce_ms = ms(acknowledged - planned),
+            commit_ms = ms(acknowledged.elapsed()),
+        );
         let labels = |outcome| {
             [
                 ("pipeline", self.pipeline.name.as_str()),

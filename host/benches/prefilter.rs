@@ -309,7 +309,12 @@ async fn measure(server: &str, count: usize, cpu: usize) -> (f64, f64) {
         .env("LAUREL_DATABASE_URL", &url)
         .env("LAUREL_KAFKA_BROKERS", &brokers)
         .env("LAUREL_CACHE_DIR", &cache)
-        .env("LAUREL_LOG", "warn")
+        // LAUREL_BENCH_LOG (e.g. `laurel::ingest::prefilter=debug`) shows
+        // each batch's time per phase.
+        .env(
+            "LAUREL_LOG",
+            std::env::var("LAUREL_BENCH_LOG").unwrap_or_else(|_| "warn".into()),
+        )
         .stdout(Stdio::null())
         .spawn()
         .unwrap();

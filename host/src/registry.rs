@@ -150,6 +150,11 @@ impl Registry {
             .map(|row| (row.name, (row.version, row.sha256)))
             .collect();
         {
+            // A name that was another kind before serves nothing here now.
+            let mut functions = self.functions.write().unwrap_or_else(|p| p.into_inner());
+            let before = functions.len();
+            functions.retain(|name, _| !http.contains_key(name));
+            changed |= functions.len() != before;
             let mut served = self.http.write().unwrap_or_else(|p| p.into_inner());
             if *served != http {
                 *served = http;

@@ -117,10 +117,18 @@ pub fn client_config(brokers: &str) -> ClientConfig {
 
 /// A producer that waits for every acknowledgement.
 pub fn producer(brokers: &str) -> anyhow::Result<FutureProducer> {
+    producer_lingering(brokers, 5)
+}
+
+/// As [`producer`], sending what is queued after `linger_ms` (0: at once,
+/// for a caller that waits for a batch's acknowledgements before it goes
+/// on: waiting to fill a request only delays it; messages queued while a
+/// request is under way still go together).
+pub fn producer_lingering(brokers: &str, linger_ms: u32) -> anyhow::Result<FutureProducer> {
     client_config(brokers)
         .set("acks", "all")
         .set("enable.idempotence", "true")
-        .set("linger.ms", "5")
+        .set("linger.ms", linger_ms.to_string())
         .set("message.timeout.ms", "30000")
         .create()
         .map_err(|e| anyhow::anyhow!("failed to create a Kafka producer for {brokers}: {e}"))
@@ -157,7 +165,8 @@ impl DeadLetters {
         client_config(brokers)
             .set("acks", "all")
             .set("enable.idempotence", "true")
-            .set("linger.ms", "5")
+            // Its callers wait for each acknowledgement.
+            .set("linger.ms", "0")
             .set("message.timeout.ms", "30000")
             .set("message.max.bytes", max.to_string())
             .create()

@@ -99,7 +99,8 @@ pub async fn run(
     let mut store = Store::connect(database_url).await?;
     let shared = Arc::new(Shared {
         dead_letters: DeadLetters::new(&settings.brokers, settings.max_event_bytes)?,
-        producer: kafka::producer(&settings.brokers)?,
+        // Each batch waits for its kept events' acknowledgements.
+        producer: kafka::producer_lingering(&settings.brokers, 0)?,
         settings,
         registry,
         catalog,
@@ -478,15 +479,26 @@ impl PipelineConsumer {
                 &[],
             )
         });
-        for result in futures_util::future::join_all(sends).await {
+        let dead_letters: Vec<_> = batch
+            .iter()
+            .zip(&fates)
+            .filter_map(|(message, fate)| match fate {
+                Some(Fate::Dead(reason)) => {
+                    Some(dead_letter(&self.shared, &self.pipeline, message, reason))
+                }
+                _ => None,
+            })
+            .collect();
+        let dead = dead_letters.len() as u64;
+        let (sent, dead_lettered) = tokio::join!(
+            futures_util::future::join_all(sends),
+            futures_util::future::join_all(dead_letters)
+        );
+        for result in sent {
             result.map_err(BatchError::Kafka)?;
         }
-        let mut dead = 0;
-        for (message, fate) in batch.iter().zip(&fates) {
-            if let Some(Fate::Dead(reason)) = fate {
-                dead_letter(&self.shared, &self.pipeline, message, reason).await?;
-                dead += 1;
-            }
+        for result in dead_lettered {
+            result?;
         }
         let mut offsets = TopicPartitionList::new();
         let mut next: HashMap<i32, i64> = HashMap::new();

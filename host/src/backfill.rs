@@ -36,7 +36,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::definitions::AwardDefinition;
 use crate::event::Envelope;
@@ -124,9 +124,11 @@ pub struct Backfiller {
     store: Store,
     registry: Arc<Registry>,
     settings: BackfillSettings,
-    /// Per source, the award's objectives bound, for (award, version,
-    /// registry generation).
-    plans: HashMap<String, Plan>,
+    /// The connections a step's items are applied on, each with the
+    /// award's objectives bound (made at the first step).
+    writers: Vec<Writer>,
+    /// What the writers' plans are for: (award, version, registry
+    /// generation).
     planned: Option<(String, i32, u64)>,
     brokers: Option<String>,
     /// Made at the first analytics step.
@@ -150,7 +152,7 @@ impl Backfiller {
             registry,
             brokers: settings.brokers.clone().filter(|b| !b.is_empty()),
             settings,
-            plans: HashMap::new(),
+            writers: Vec::new(),
             planned: None,
             reader: None,
             topics: HashMap::new(),
@@ -243,6 +245,7 @@ impl Backfiller {
             if *stop.borrow() {
                 return self.release(backfill).await;
             }
+            let stepping = std::time::Instant::now();
             let items = match prefetched.take() {
                 Some(items) => items,
                 None => {
@@ -275,6 +278,7 @@ impl Backfiller {
                 prefetched = Some(next?);
                 step?
             };
+            let stepped = stepping.elapsed();
             let recorded = self
                 .store
                 .record_history_step(
@@ -289,6 +293,13 @@ impl Backfiller {
             if !recorded {
                 return self.lost(&backfill).await;
             }
+            debug!(
+                message = "Backfill step recorded.",
+                award = %backfill.award_id,
+                items = step.done,
+                step_ms = stepped.as_secs_f64() * 1000.0,
+                record_ms = (stepping.elapsed() - stepped).as_secs_f64() * 1000.0,
+            );
             self.renewed();
             backfill.after = after;
             backfill.done += step.done;
@@ -526,9 +537,16 @@ impl Backfiller {
                 Err(_) => {}
             }
         }
-        let (applied, failed, last_failure) = self
-            .apply(award, version, &source, &stored, admitted)
-            .await?;
+        self.prepare_writers(award, version, 1).await?;
+        let (applied, failed, last_failure) = Writer::apply(
+            &mut self.writers[0],
+            &self.registry,
+            award,
+            &source,
+            &stored,
+            admitted,
+        )
+        .await?;
         step.applied = applied;
         step.failed = failed;
         step.last_failure = last_failure;
@@ -536,11 +554,100 @@ impl Backfiller {
     }
 
     /// One step: `items` (in key order) through the award's objectives,
-    /// applied per source.
+    /// split at users' boundaries among the writers, which apply their
+    /// parts at once, each on its own connection (a step's users are
+    /// disjoint, so their transactions never wait for each other).
     async fn step(
         &mut self,
         award: &AwardDefinition,
         version: i32,
+        items: &[StoredItem],
+    ) -> anyhow::Result<HistoryStep> {
+        self.prepare_writers(award, version, WRITERS).await?;
+        let parts = split_by_user(items, self.writers.len());
+        let (registry, max_event_bytes) = (&self.registry, self.settings.max_event_bytes);
+        let steps = futures_util::future::try_join_all(
+            self.writers
+                .iter_mut()
+                .zip(parts)
+                .map(|(writer, part)| writer.step(registry, max_event_bytes, award, part)),
+        )
+        .await?;
+        let mut step = HistoryStep::default();
+        for part in steps {
+            step.done += part.done;
+            step.changed += part.changed;
+            step.unrecoverable += part.unrecoverable;
+            step.failed += part.failed;
+            if part.last_failure.is_some() {
+                step.last_failure = part.last_failure;
+            }
+        }
+        Ok(step)
+    }
+
+    /// At least `count` writers, connected, with plans for (award,
+    /// version) as the registry is now.
+    async fn prepare_writers(
+        &mut self,
+        award: &AwardDefinition,
+        version: i32,
+        count: usize,
+    ) -> anyhow::Result<()> {
+        let planned = Some((award.id.clone(), version, self.registry.generation()));
+        if self.planned != planned {
+            for writer in &mut self.writers {
+                writer.plans.clear();
+            }
+            self.planned = planned;
+        }
+        for writer in &mut self.writers {
+            writer.store.heal().await?;
+        }
+        while self.writers.len() < count {
+            self.writers.push(Writer {
+                store: self.store.another().await?,
+                plans: HashMap::new(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Writers a step is split among.
+const WRITERS: usize = 2;
+
+/// `items` cut into up to `parts` runs of whole users, about even.
+fn split_by_user(items: &[StoredItem], parts: usize) -> Vec<&[StoredItem]> {
+    let mut runs = Vec::with_capacity(parts);
+    let mut rest = items;
+    for left in (1..=parts.max(1)).rev() {
+        let mut at = rest.len().div_ceil(left);
+        while at > 0 && at < rest.len() && rest[at].user_id == rest[at - 1].user_id {
+            at += 1;
+        }
+        let (run, after) = rest.split_at(at.min(rest.len()));
+        runs.push(run);
+        rest = after;
+    }
+    runs
+}
+
+/// A connection that applies backfill steps, with the award's objectives
+/// bound per source for it.
+struct Writer {
+    store: Store,
+    plans: HashMap<String, Plan>,
+}
+
+impl Writer {
+    /// `items` (in key order) through the award's objectives, applied
+    /// per source.
+    async fn step(
+        &mut self,
+        registry: &Arc<Registry>,
+        max_event_bytes: usize,
+        award: &AwardDefinition,
         items: &[StoredItem],
     ) -> anyhow::Result<HistoryStep> {
         let mut step = HistoryStep {
@@ -569,7 +676,7 @@ impl Backfiller {
                     continue;
                 }
                 let m = messages[index];
-                match ingest::check_message(m.key, m.value, source, self.settings.max_event_bytes) {
+                match ingest::check_message(m.key, m.value, source, max_event_bytes) {
                     Ok(envelope) if envelope.content_id.is_some() => {
                         admitted.push((index, envelope))
                     }
@@ -584,7 +691,7 @@ impl Backfiller {
                 }
             }
             let (changed, failed, last_failure) = self
-                .apply(award, version, source, &messages, admitted)
+                .apply(registry, award, source, &messages, admitted)
                 .await?;
             step.changed += changed;
             step.failed += failed;
@@ -602,18 +709,20 @@ impl Backfiller {
     /// Returns (contributions changed, events failed, the last reason).
     async fn apply(
         &mut self,
+        registry: &Arc<Registry>,
         award: &AwardDefinition,
-        version: i32,
         source: &str,
         messages: &[Message<'_>],
         mut admitted: Vec<(usize, Envelope)>,
     ) -> anyhow::Result<(i64, i64, Option<String>)> {
         // Users who get no progress, as in ingest (their events were
         // logged as skipped when they came).
+        let started = std::time::Instant::now();
         let excluded = self
             .store
             .excluded_users(admitted.iter().map(|(_, e)| e.user_id.as_str()))
             .await?;
+        let read = started.elapsed();
         let mut unused = Vec::new();
         admitted
             .retain(|(index, envelope)| !ingest::skipped(*index, envelope, &excluded, &mut unused));
@@ -621,20 +730,16 @@ impl Backfiller {
             return Ok((0, 0, None));
         }
 
-        let planned = Some((award.id.clone(), version, self.registry.generation()));
-        if self.planned != planned {
-            self.plans.clear();
-            self.planned = planned;
-        }
         let plan = match self.plans.remove(source) {
             Some(plan) => plan,
             None => {
                 let (name, awards, registry) =
-                    (source.to_string(), [award.clone()], self.registry.clone());
+                    (source.to_string(), [award.clone()], registry.clone());
                 tokio::task::spawn_blocking(move || Plan::build(&name, &awards, &registry)).await?
             }
         };
         let (indexes, envelopes): (Vec<usize>, Vec<Envelope>) = admitted.into_iter().unzip();
+        let indexes_len = indexes.len();
         let (plan, mut evaluation) = tokio::task::spawn_blocking(move || {
             let mut plan = plan;
             let evaluation = plan.evaluate(&envelopes, &indexes);
@@ -642,6 +747,7 @@ impl Backfiller {
         })
         .await?;
         self.plans.insert(source.to_string(), plan);
+        let evaluated = started.elapsed();
         let mut last_failure = None;
         let held: HashSet<usize> = evaluation
             .outcomes
@@ -669,6 +775,16 @@ impl Backfiller {
             recorded: &[],
         };
         let (applied, refused) = ingest::apply_isolating(&mut self.store, &batch).await?;
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        debug!(
+            message = "Backfill step applied.",
+            award = %award.id,
+            %source,
+            events = indexes_len,
+            users_ms = ms(read),
+            evaluate_ms = ms(evaluated - read),
+            write_ms = ms(started.elapsed() - evaluated),
+        );
         let failed = held.len() + applied.refused.len() + refused.len();
         if let Some((_, reason)) = applied.refused.first() {
             last_failure = Some(reason.clone());
@@ -719,5 +835,45 @@ pub async fn run(
                 _ = stop.changed() => {}
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn item(user: &str, content: &str) -> StoredItem {
+        StoredItem {
+            user_id: user.into(),
+            source: "photos".into(),
+            content_id: content.into(),
+            event: None,
+        }
+    }
+
+    fn users(run: &[StoredItem]) -> Vec<&str> {
+        run.iter().map(|i| i.user_id.as_str()).collect()
+    }
+
+    #[test]
+    fn a_step_splits_at_users_boundaries_into_whole_users() {
+        let items: Vec<StoredItem> = [("a", 3), ("b", 1), ("c", 2), ("d", 2)]
+            .iter()
+            .flat_map(|(u, n)| (0..*n).map(move |k| item(u, &k.to_string())))
+            .collect();
+        let runs = split_by_user(&items, 2);
+        assert_eq!(runs.len(), 2);
+        // Half is 4 items: a, a, a, b; c and d go to the other.
+        assert_eq!(users(runs[0]), ["a", "a", "a", "b"]);
+        assert_eq!(users(runs[1]), ["c", "c", "d", "d"]);
+        // A cut inside a user moves past it.
+        let runs = split_by_user(&items[..5], 2);
+        assert_eq!(users(runs[0]), ["a", "a", "a"]);
+        assert_eq!(users(runs[1]), ["b", "c"]);
+        // One user: one run, the other empty; nothing: empty runs.
+        let runs = split_by_user(&items[..3], 2);
+        assert_eq!((runs[0].len(), runs[1].len()), (3, 0));
+        assert!(split_by_user(&[], 2).iter().all(|r| r.is_empty()));
+        assert_eq!(split_by_user(&items, 1)[0].len(), items.len());
     }
 }

@@ -593,6 +593,19 @@ async fn until_status(server: &Server, path: &str, status: u16) -> String {
     }
 }
 
+/// A component of its own for the push test (the request metrics of `p2`
+/// are counted exactly by another test in this process).
+const SWAP: &str = r#"
+[[trigger.http]]
+route = "/swap"
+component = "swap"
+[component.swap]
+source = "http_p2_hello.wasm"
+key_value_stores = ["default"]
+[component.swap.variables]
+greeting = "{{ greeting }}"
+"#;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http_function_pushed_under_its_component_id_serves_without_a_restart_and_rolls_back() {
     let (db, registry) = crate::api::database_with("[]").await;
@@ -600,12 +613,12 @@ async fn an_http_function_pushed_under_its_component_id_serves_without_a_restart
         &db.url,
         registry.clone(),
         None,
-        Some((manifest(&app("pushed"), 1, "").unwrap(), limits())),
+        Some((manifest(&app("pushed"), 1, SWAP).unwrap(), limits())),
     )
     .await
     .unwrap();
     // The manifest's file serves first.
-    let body = until_status(&server, "/p2", 200).await;
+    let body = until_status(&server, "/swap", 200).await;
     assert!(body.starts_with("p2 says hello; count 1"), "{body}");
 
     let dir = laurel::library::guest_dir();
@@ -616,23 +629,23 @@ async fn an_http_function_pushed_under_its_component_id_serves_without_a_restart
         &[
             "functions",
             "push",
-            "p2",
+            "swap",
             &file("http_noop.wasm"),
             "--kind",
             "http",
         ],
     );
     assert!(ok, "{stdout}{stderr}");
-    assert!(stdout.contains("p2 v1"), "{stdout}");
-    until_status(&server, "/p2", 204).await;
+    assert!(stdout.contains("swap v1"), "{stdout}");
+    until_status(&server, "/swap", 204).await;
     // The kind is read from the component when not given: v2.
     let (ok, stdout, stderr) = laurel_cli(
         &db.url,
-        &["functions", "push", "p2", &file("http_p2_hello.wasm")],
+        &["functions", "push", "swap", &file("http_p2_hello.wasm")],
     );
     assert!(ok, "{stdout}{stderr}");
-    assert!(stdout.contains("p2 v2"), "{stdout}");
-    let body = until_status(&server, "/p2", 200).await;
+    assert!(stdout.contains("swap v2"), "{stdout}");
+    let body = until_status(&server, "/swap", 200).await;
     // The manifest's variables and key-value store still hold for it (the
     // count goes on from the file's requests).
     let count: u64 = body
@@ -642,13 +655,13 @@ async fn an_http_function_pushed_under_its_component_id_serves_without_a_restart
         .unwrap_or_else(|| panic!("{body}"));
     assert!(count >= 2, "{body}");
     // One step back, without a restart: noop again.
-    let (ok, stdout, stderr) = laurel_cli(&db.url, &["functions", "rollback", "p2"]);
+    let (ok, stdout, stderr) = laurel_cli(&db.url, &["functions", "rollback", "swap"]);
     assert!(ok, "{stdout}{stderr}");
-    until_status(&server, "/p2", 204).await;
+    until_status(&server, "/swap", 204).await;
     // Listed with its kind.
     let (ok, stdout, _) = laurel_cli(&db.url, &["functions", "list"]);
     assert!(ok);
-    let line = stdout.lines().find(|l| l.starts_with("p2 ")).unwrap();
+    let line = stdout.lines().find(|l| l.starts_with("swap ")).unwrap();
     assert!(line.split_whitespace().nth(1) == Some("http"), "{line}");
 
     // Refused, naming why, and nothing registered: a filter as http, an
@@ -656,7 +669,7 @@ async fn an_http_function_pushed_under_its_component_id_serves_without_a_restart
     let filter = file("accept_all_filter.wasm");
     let (ok, _, stderr) = laurel_cli(
         &db.url,
-        &["functions", "push", "p2", &filter, "--kind", "http"],
+        &["functions", "push", "swap", &filter, "--kind", "http"],
     );
     assert!(!ok);
     assert!(
@@ -669,7 +682,7 @@ async fn an_http_function_pushed_under_its_component_id_serves_without_a_restart
         &[
             "functions",
             "push",
-            "p2",
+            "swap",
             &file("http_p2_hello.wasm"),
             "--kind",
             "filter",
@@ -682,7 +695,7 @@ async fn an_http_function_pushed_under_its_component_id_serves_without_a_restart
     );
     let (ok, _, stderr) = laurel_cli(
         &db.url,
-        &["functions", "push", "p2", &file("http_forbidden.wasm")],
+        &["functions", "push", "swap", &file("http_forbidden.wasm")],
     );
     assert!(!ok);
     assert!(
@@ -690,11 +703,11 @@ async fn an_http_function_pushed_under_its_component_id_serves_without_a_restart
         "{stderr}"
     );
     let versions = db.store().await.all_function_versions().await.unwrap();
-    assert_eq!(versions.iter().filter(|r| r.name == "p2").count(), 2);
+    assert_eq!(versions.iter().filter(|r| r.name == "swap").count(), 2);
 
     // An award cannot use it as a filter.
     let award = r#"{"id": "web", "title": "Web", "objectives": [{"id": "o",
-        "filters": [{"name": "p2", "config": {}}],
+        "filters": [{"name": "swap", "config": {}}],
         "rule": {"name": "CountRule", "config": {"counter": "n"}}, "progress_counter": "n"}],
         "strategy": {"goal": 1, "strategy": [{"objective_id": "o"}]}}"#;
     let mut store = db.store().await;
@@ -703,7 +716,7 @@ async fn an_http_function_pushed_under_its_component_id_serves_without_a_restart
         .unwrap_err()
         .to_string();
     assert!(
-        error.contains("function p2 is a http, not a filter"),
+        error.contains("function swap is a http, not a filter"),
         "{error}"
     );
     drop(server);

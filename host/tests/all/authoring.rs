@@ -1,7 +1,8 @@
 //! The function authoring loop as a product engineer runs it, with the
 //! built `laurel` binary: `laurel functions new` writes a crate outside this
 //! checkout, cargo builds it, `laurel functions test` runs its fixtures
-//! with no database or broker, `laurel functions push` makes it live.
+//! with no database or broker, `laurel functions push` (or a running
+//! Laurel's admin API) makes it live.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -166,6 +167,21 @@ async fn a_scaffolded_function_builds_outside_the_checkout_passes_its_fixtures_a
     let db = TestDb::new().await;
     let work = scratch("authoring");
     let sdk = format!("path:{}", repo().join("functions/guest").display());
+    // A running Laurel (its API) that takes one of them over HTTP.
+    const ADMIN: &str = "authoring-admin-token";
+    let mut running = laurel()
+        .args(["serve", "--roles", "api"])
+        .env("LAUREL_DATABASE_URL", &db.url)
+        .env("LAUREL_HTTP_ADDR", "127.0.0.1:0")
+        .env("LAUREL_ADMIN_TOKEN", ADMIN)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .map(crate::support::KillOnDrop)
+        .unwrap();
+    let api = running.printed_api_url();
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let http = reqwest::Client::new();
     for (name, kind) in [
         ("GoodRating", "filter"),
         ("LongReviews", "rule"),
@@ -226,18 +242,74 @@ async fn a_scaffolded_function_builds_outside_the_checkout_passes_its_fixtures_a
             "{stdout}"
         );
 
-        let output = laurel()
-            .args(["functions", "push", name])
-            .arg(&wasm)
-            .env("LAUREL_DATABASE_URL", &db.url)
-            .output()
-            .unwrap();
-        let (stdout, stderr) = text(&output);
-        assert!(output.status.success(), "{stdout}\n{stderr}");
-        assert_eq!(stdout.trim(), format!("pushed {name} v1 ({kind})"));
+        if kind == "filter" {
+            // Through the running Laurel's admin API.
+            let response = http
+                .put(format!("{api}/admin/v1/functions/{name}"))
+                .bearer_auth(ADMIN)
+                .header("content-type", "application/wasm")
+                .body(std::fs::read(&wasm).unwrap())
+                .send()
+                .await
+                .unwrap();
+            let status = response.status().as_u16();
+            let pushed: serde_json::Value =
+                serde_json::from_str(&response.text().await.unwrap()).unwrap();
+            assert_eq!(status, 201, "{pushed}");
+            assert_eq!(
+                (&pushed["kind"], &pushed["version"], &pushed["live"]),
+                (
+                    &serde_json::json!(kind),
+                    &serde_json::json!(1),
+                    &serde_json::json!(true)
+                ),
+                "{pushed}"
+            );
+        } else {
+            let output = laurel()
+                .args(["functions", "push", name])
+                .arg(&wasm)
+                .env("LAUREL_DATABASE_URL", &db.url)
+                .output()
+                .unwrap();
+            let (stdout, stderr) = text(&output);
+            assert!(output.status.success(), "{stdout}\n{stderr}");
+            assert_eq!(stdout.trim(), format!("pushed {name} v1 ({kind})"));
+        }
         println!(
             "{kind} {name}: new -> built -> tested -> pushed in {:.1} s",
             started.elapsed().as_secs_f64()
+        );
+    }
+
+    // The running Laurel serves all four, whichever way they came.
+    let listed: serde_json::Value = serde_json::from_str(
+        &http
+            .get(format!("{api}/admin/v1/functions"))
+            .bearer_auth(ADMIN)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    for (name, kind) in [
+        ("GoodRating", "filter"),
+        ("LongReviews", "rule"),
+        ("WeightedSum", "strategy"),
+        ("TripLines", "transform"),
+    ] {
+        let line = listed["functions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["name"] == name)
+            .unwrap_or_else(|| panic!("{name} not listed: {listed}"));
+        assert_eq!(
+            (&line["kind"], &line["version"]),
+            (&serde_json::json!(kind), &serde_json::json!(1))
         );
     }
 
@@ -282,6 +354,7 @@ async fn a_scaffolded_function_builds_outside_the_checkout_passes_its_fixtures_a
     let (_, stderr) = text(&output);
     assert!(!output.status.success());
     assert!(stderr.contains("exists and is not empty"), "{stderr}");
+    drop(running);
     // An HTTP function is a spin-sdk crate, not one of these.
     let output = laurel()
         .args(["functions", "new", "Badge", "--kind", "http"])

@@ -72,6 +72,16 @@ pub struct StoredItem {
     pub event: Option<Vec<u8>>,
 }
 
+/// A row of (user_id, source, content_id, event) from content_items.
+fn stored_item(r: &tokio_postgres::Row) -> StoredItem {
+    StoredItem {
+        user_id: r.get(0),
+        source: r.get(1),
+        content_id: r.get(2),
+        event: r.get(3),
+    }
+}
+
 /// What one step did, to add to its backfill's row.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct HistoryStep {
@@ -214,15 +224,7 @@ impl Store {
             .await
             .context("reading stored content items")?;
         tx.commit().await.context("reading stored items")?;
-        Ok(rows
-            .iter()
-            .map(|r| StoredItem {
-                user_id: r.get(0),
-                source: r.get(1),
-                content_id: r.get(2),
-                event: r.get(3),
-            })
-            .collect())
+        Ok(rows.iter().map(stored_item).collect())
     }
 
     /// Up to `limit` stored items of `sources` that keep their last event,
@@ -248,15 +250,7 @@ impl Store {
             )
             .await
             .context("reading stored content items")?;
-        let mut items: Vec<StoredItem> = rows
-            .iter()
-            .map(|r| StoredItem {
-                user_id: r.get(0),
-                source: r.get(1),
-                content_id: r.get(2),
-                event: r.get(3),
-            })
-            .collect();
+        let mut items: Vec<StoredItem> = rows.iter().map(stored_item).collect();
         let cut = items.len() as i64 == limit;
         if cut
             && let Some(last) = items.last().map(|i| i.user_id.clone())

@@ -70,6 +70,7 @@ pub mod wit {
 mod batch;
 mod config;
 pub mod mapping;
+pub mod pointer;
 mod records;
 pub mod time;
 

@@ -27,6 +27,7 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 use serde_json::{Map, Value as Json};
 
+use crate::pointer::JsonPointer;
 use crate::time::rfc3339_from_millis;
 use crate::{Envelope, Record};
 
@@ -302,192 +303,34 @@ fn value(found: Found<'_>) -> Json {
 }
 
 /// The value at a JSON pointer (RFC 6901, as [`serde_json::Value::pointer`]
-/// reads it) in the text of a JSON object, found in one pass that builds
-/// nothing but that value: what a transform told the kept types reads
-/// first, so a record no award needs costs a scan, not a parse.
+/// reads it) in the text of a JSON object, found by a
+/// [`JsonPointer`] scan that builds nothing but that value. A transform
+/// that reads a place many times reads the pointer once
+/// ([`JsonPointer::parse`]) and scans with it.
 ///
 /// Fails as a full parse does: `the record is not JSON: ..` (the whole text
-/// is checked) or `the record is JSON but not an object`. Unlike a full
-/// parse, it has no nesting limit for what it skips.
+/// is checked) or `the record is JSON but not an object`.
 pub fn json_at(document: &[u8], pointer: &str) -> Result<Option<Json>, String> {
-    let tokens: Vec<String> = match pointer.strip_prefix('/') {
-        Some(rest) => rest
-            .split('/')
-            .map(|t| t.replace("~1", "/").replace("~0", "~"))
-            .collect(),
-        None if pointer.is_empty() => Vec::new(),
-        None => return Ok(None),
+    let Some(pointer) = JsonPointer::parse(pointer) else {
+        return Ok(None);
     };
-    let mut deserializer = serde_json::Deserializer::from_slice(document);
-    let lookup = Lookup {
-        tokens: &tokens,
-        root: true,
-    };
-    let found = serde::de::DeserializeSeed::deserialize(lookup, &mut deserializer)
-        .and_then(|found| deserializer.end().map(|()| found))
-        .map_err(|e| format!("the record is not JSON: {e}"))?;
-    match found {
-        Looked::NotObject => Err("the record is JSON but not an object".into()),
-        Looked::Found(found) => Ok(found),
-    }
+    pointer.json_in(document)
 }
 
-/// What a [`Lookup`] saw.
-enum Looked {
-    /// The root is not an object.
-    NotObject,
-    Found(Option<Json>),
-}
-
-/// Looks `tokens` up in the value being read; skips everything else.
-struct Lookup<'p> {
-    tokens: &'p [String],
-    root: bool,
-}
-
-impl<'de> serde::de::DeserializeSeed<'de> for Lookup<'_> {
-    type Value = Looked;
-
-    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Looked, D::Error> {
-        if self.tokens.is_empty() && !self.root {
-            return Json::deserialize(d).map(|value| Looked::Found(Some(value)));
+impl JsonPointer {
+    /// The value at this pointer in `document`, as [`json_at`] finds it.
+    pub fn json_in(&self, document: &[u8]) -> Result<Option<Json>, String> {
+        if let Ok(found) = self.find(document) {
+            return Ok(found.and_then(|range| serde_json::from_slice(&document[range]).ok()));
         }
-        d.deserialize_any(self)
-    }
-}
-
-impl Lookup<'_> {
-    /// A scalar where the pointer goes on: nothing there.
-    fn scalar<E>(&self) -> Result<Looked, E> {
-        Ok(if self.root {
-            Looked::NotObject
-        } else {
-            Looked::Found(None)
-        })
-    }
-}
-
-impl<'de> serde::de::Visitor<'de> for Lookup<'_> {
-    type Value = Looked;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("a JSON value")
-    }
-
-    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Looked, A::Error> {
-        let Some((first, rest)) = self.tokens.split_first() else {
-            // The whole document, asked for by the empty pointer.
-            let object =
-                serde_json::Map::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
-            return Ok(Looked::Found(Some(Json::Object(object))));
-        };
-        let mut found = None;
-        while let Some(key) = map.next_key::<Key<'de>>()? {
-            if key.0 == first.as_str() {
-                // The last of duplicate keys wins, as in a full parse.
-                let next = Lookup {
-                    tokens: rest,
-                    root: false,
-                };
-                found = match map.next_value_seed(next)? {
-                    Looked::Found(value) => value,
-                    Looked::NotObject => None,
-                };
-            } else {
-                map.next_value::<serde::de::IgnoredAny>()?;
-            }
+        // The scan could not vouch for the text: a full parse says why, or
+        // finds the value after all.
+        let whole: Json =
+            serde_json::from_slice(document).map_err(|e| format!("the record is not JSON: {e}"))?;
+        if !whole.is_object() {
+            return Err("the record is JSON but not an object".into());
         }
-        Ok(Looked::Found(found))
-    }
-
-    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Looked, A::Error> {
-        let index = match self.tokens.first() {
-            Some(token) if !self.root => array_index(token),
-            _ => None,
-        };
-        let mut found = None;
-        let mut at = 0;
-        loop {
-            if Some(at) == index {
-                let next = Lookup {
-                    tokens: &self.tokens[1..],
-                    root: false,
-                };
-                match seq.next_element_seed(next)? {
-                    Some(Looked::Found(value)) => found = value,
-                    Some(Looked::NotObject) => {}
-                    None => break,
-                }
-            } else if seq.next_element::<serde::de::IgnoredAny>()?.is_none() {
-                break;
-            }
-            at += 1;
-        }
-        if self.root {
-            return Ok(Looked::NotObject);
-        }
-        Ok(Looked::Found(found))
-    }
-
-    fn visit_bool<E>(self, _: bool) -> Result<Looked, E> {
-        self.scalar()
-    }
-
-    fn visit_i64<E>(self, _: i64) -> Result<Looked, E> {
-        self.scalar()
-    }
-
-    fn visit_u64<E>(self, _: u64) -> Result<Looked, E> {
-        self.scalar()
-    }
-
-    fn visit_f64<E>(self, _: f64) -> Result<Looked, E> {
-        self.scalar()
-    }
-
-    fn visit_str<E>(self, _: &str) -> Result<Looked, E> {
-        self.scalar()
-    }
-
-    fn visit_unit<E>(self) -> Result<Looked, E> {
-        self.scalar()
-    }
-}
-
-/// An array index as RFC 6901 writes it: digits, no leading zero.
-fn array_index(token: &str) -> Option<usize> {
-    if token.starts_with('+') || (token.starts_with('0') && token.len() > 1) {
-        return None;
-    }
-    token.parse().ok()
-}
-
-/// An object key, borrowed from the text where it has no escapes.
-struct Key<'de>(std::borrow::Cow<'de, str>);
-
-impl<'de> Deserialize<'de> for Key<'de> {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Visit;
-        impl<'de> serde::de::Visitor<'de> for Visit {
-            type Value = Key<'de>;
-
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("an object key")
-            }
-
-            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Key<'de>, E> {
-                Ok(Key(std::borrow::Cow::Borrowed(v)))
-            }
-
-            fn visit_str<E>(self, v: &str) -> Result<Key<'de>, E> {
-                Ok(Key(std::borrow::Cow::Owned(v.to_owned())))
-            }
-
-            fn visit_string<E>(self, v: String) -> Result<Key<'de>, E> {
-                Ok(Key(std::borrow::Cow::Owned(v)))
-            }
-        }
-        d.deserialize_str(Visit)
+        Ok(whole.pointer(self.as_str()).cloned())
     }
 }
 

@@ -2,7 +2,8 @@
 //! event's fields are found by JSON pointer (RFC 6901, e.g. `/user/id`),
 //! as [`laurel_guest::mapping`] describes.
 
-use laurel_guest::mapping::{Fields, Found, Place, json_at};
+use laurel_guest::mapping::{Fields, Found, Place};
+use laurel_guest::pointer::JsonPointer;
 use laurel_guest::{Envelope, Record, Transform, parse_config};
 use serde::Deserialize;
 use serde_json::Value;
@@ -15,6 +16,8 @@ struct Config {
 
 pub struct JsonTransform {
     fields: Fields,
+    /// Where the type is, read once: most records are scanned for it only.
+    event_type: Option<JsonPointer>,
 }
 
 impl Transform for JsonTransform {
@@ -27,7 +30,11 @@ impl Transform for JsonTransform {
                 ));
             }
         }
-        Ok(JsonTransform { fields })
+        let event_type = match &fields.event_type {
+            Place::At(at) => JsonPointer::parse(at),
+            Place::Const { .. } => None,
+        };
+        Ok(JsonTransform { fields, event_type })
     }
 
     fn transform(&self, record: &Record<'_>) -> Result<Vec<Envelope>, String> {
@@ -40,9 +47,10 @@ impl Transform for JsonTransform {
         wanted: &dyn Fn(&str) -> bool,
     ) -> Result<Vec<Envelope>, String> {
         // Most records are of types no award needs: their type is read in
-        // a scan that builds nothing else, and only the others are parsed.
-        if let Place::At(at) = &self.fields.event_type
-            && let Some(Value::String(event_type)) = json_at(record.value, at)?
+        // a scan that builds nothing, and only the others are parsed (as
+        // are those the scan cannot vouch for, which a parse then judges).
+        if let Some(pointer) = &self.event_type
+            && let Ok(Some(event_type)) = pointer.text_in(record.value)
             && !wanted(&event_type)
         {
             return Ok(Vec::new());

@@ -28,6 +28,7 @@ use std::hint::black_box;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use futures_util::StreamExt;
 use laurel::ingest::{self, LocalBroker};
 use laurel::registry::Registry;
 use laurel::runtime::{Limits, RawRecord, Runtime, TransformInstance};
@@ -208,13 +209,21 @@ fn bare(brokers: &str, count: usize) {
             config.set(key, value);
         }
         let detach = std::env::var_os("LAUREL_BENCH_BARE_DETACH").is_some();
+        // One stream for every record, as the pre-filter reads a batch
+        // (`LAUREL_BENCH_BARE_RECV=1`: `recv`, which makes one per record).
+        let per_record = std::env::var_os("LAUREL_BENCH_BARE_RECV").is_some();
         let consumer: StreamConsumer = config.create().unwrap();
         consumer.subscribe(&[TOPIC]).unwrap();
+        let mut stream = consumer.stream();
         let mut seen = 0usize;
         let mut bytes = 0usize;
         let mut started = None;
         while seen < count {
-            let message = consumer.recv().await.unwrap();
+            let message = if per_record {
+                consumer.recv().await.unwrap()
+            } else {
+                stream.next().await.expect("endless").unwrap()
+            };
             started.get_or_insert_with(Instant::now);
             if detach {
                 bytes += black_box(message.detach()).payload().map_or(0, <[u8]>::len);

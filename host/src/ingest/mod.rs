@@ -31,10 +31,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use futures_util::{FutureExt, StreamExt};
 use rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
 };
-use rdkafka::message::{Headers, Message, OwnedMessage};
+use rdkafka::message::{BorrowedMessage, Headers, Message, OwnedMessage};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -353,7 +354,7 @@ fn follow_pause(
 /// What [`next_batch`] found.
 enum NextBatch {
     /// Messages, bounded by count, bytes and wait.
-    Batch(Vec<OwnedMessage>),
+    Batch,
     /// Nothing within a quarter second, or a consumer error waited out:
     /// look at pause and stop again.
     Nothing,
@@ -361,27 +362,61 @@ enum NextBatch {
     Stop,
 }
 
-/// The next batch of `consumer`: a first message (waited for up to a
-/// quarter second), then more until LAUREL_BATCH_SIZE messages,
-/// LAUREL_BATCH_MAX_BYTES or LAUREL_BATCH_WAIT_MS. A consumer error is
-/// logged once while it lasts (`last_error`) and waited out; `what` names
-/// the consumer in the log ("source photos").
-async fn next_batch(
+/// A batch as it is read: each message is copied in once, as it arrives
+/// (ingest keeps whole messages; the pre-filter packs records as its
+/// transform reads them).
+trait ReadBatch {
+    /// Takes `message` in; the bytes it counts toward LAUREL_BATCH_MAX_BYTES
+    /// (its value and key).
+    fn take(&mut self, message: &BorrowedMessage<'_>) -> usize;
+    /// How many messages it holds.
+    fn count(&self) -> usize;
+    /// Empties it, keeping its buffers for the next batch (fresh memory
+    /// for every batch cost page faults: a fifth of the pre-filter's time).
+    fn clear(&mut self);
+}
+
+impl ReadBatch for Vec<OwnedMessage> {
+    fn take(&mut self, message: &BorrowedMessage<'_>) -> usize {
+        self.push(message.detach());
+        message_bytes(message)
+    }
+
+    fn count(&self) -> usize {
+        self.len()
+    }
+
+    fn clear(&mut self) {
+        Vec::clear(self);
+    }
+}
+
+/// The next batch of `consumer`: waits up to a quarter second for a first
+/// message, then takes what is already fetched and what arrives within
+/// LAUREL_BATCH_WAIT_MS, up to LAUREL_BATCH_SIZE messages or
+/// LAUREL_BATCH_MAX_BYTES, into `batch` (emptied first). `what` names the
+/// consumer in the log.
+async fn next_batch<B: ReadBatch>(
     consumer: &StreamConsumer<SourceContext>,
     settings: &IngestSettings,
     stop: &mut watch::Receiver<bool>,
     last_error: &mut Option<String>,
     what: &str,
+    batch: &mut B,
 ) -> NextBatch {
+    batch.clear();
+    // One stream for the whole batch: `recv` makes (and registers) one per
+    // message.
+    let mut messages = consumer.stream();
     let first = tokio::select! {
-        message = consumer.recv() => message,
+        message = messages.next() => message.expect("kafka streams never end"),
         _ = stop.changed() => return NextBatch::Stop,
         _ = tokio::time::sleep(Duration::from_millis(250)) => return NextBatch::Nothing,
     };
-    let first = match first {
+    let mut bytes = match first {
         Ok(message) => {
             *last_error = None;
-            message.detach()
+            batch.take(&message)
         }
         Err(error) => {
             // Said once, not every poll: a missing topic (nothing
@@ -396,40 +431,42 @@ async fn next_batch(
         }
     };
     // Bounded by count and by bytes, whatever the messages' sizes.
-    let mut bytes = message_bytes(&first);
-    let mut batch = vec![first];
     let deadline = tokio::time::Instant::now() + settings.batch_wait;
-    while batch.len() < settings.batch_size && bytes < settings.batch_max_bytes {
-        match tokio::time::timeout_at(deadline, consumer.recv()).await {
-            Ok(Ok(message)) => {
-                let message = message.detach();
-                bytes += message_bytes(&message);
-                batch.push(message);
-            }
-            Ok(Err(error)) => {
+    while batch.count() < settings.batch_size && bytes < settings.batch_max_bytes {
+        // What is already fetched is taken without arming a timer.
+        let next = match messages.next().now_or_never() {
+            Some(next) => next,
+            None => match tokio::time::timeout_at(deadline, messages.next()).await {
+                Ok(next) => next,
+                Err(_) => break,
+            },
+        };
+        match next.expect("kafka streams never end") {
+            Ok(message) => bytes += batch.take(&message),
+            Err(error) => {
                 warn!(message = "Kafka error while consuming.", consumer = %what, %error);
                 break;
             }
-            Err(_) => break,
         }
     }
-    NextBatch::Batch(batch)
+    NextBatch::Batch
 }
 
-/// Seeks `consumer` back to the first offset of `batch` in each partition
-/// of `topic`, so an unfinished batch is read again.
+/// Seeks `consumer` back to the first offset of each partition of `topic`
+/// among a batch's `positions` (partition, offset), so an unfinished batch
+/// is read again.
 fn rewind(
     consumer: &StreamConsumer<SourceContext>,
     topic: &str,
-    batch: &[OwnedMessage],
+    positions: impl IntoIterator<Item = (i32, i64)>,
     what: &str,
 ) {
     let mut first: HashMap<i32, i64> = HashMap::new();
-    for message in batch {
+    for (partition, offset) in positions {
         first
-            .entry(message.partition())
-            .and_modify(|o| *o = (*o).min(message.offset()))
-            .or_insert(message.offset());
+            .entry(partition)
+            .and_modify(|o| *o = (*o).min(offset))
+            .or_insert(offset);
     }
     for (partition, offset) in first {
         if let Err(error) = consumer.seek(
@@ -516,24 +553,26 @@ impl SourceConsumer {
         let mut last_error: Option<String> = None;
         let settings = self.shared.settings.clone();
         let what = format!("source {}", self.source.name);
+        let mut batch: Vec<OwnedMessage> = Vec::new();
         loop {
             if *stop.borrow() {
                 break;
             }
             self.follow_pause();
-            let batch = match next_batch(
+            match next_batch(
                 &self.consumer,
                 &settings,
                 &mut stop,
                 &mut last_error,
                 &what,
+                &mut batch,
             )
             .await
             {
-                NextBatch::Batch(batch) => batch,
+                NextBatch::Batch => {}
                 NextBatch::Nothing => continue,
                 NextBatch::Stop => break,
-            };
+            }
             // A batch in hand is finished even when asked to stop: nothing
             // is committed before it is applied, so stopping mid-way would
             // only mean doing it again.
@@ -562,7 +601,8 @@ impl SourceConsumer {
 
     fn rewind(&self, batch: &[OwnedMessage]) {
         let what = format!("source {}", self.source.name);
-        rewind(&self.consumer, &self.source.topic, batch, &what);
+        let positions = batch.iter().map(|m| (m.partition(), m.offset()));
+        rewind(&self.consumer, &self.source.topic, positions, &what);
     }
 
     fn decode(&self, message: &OwnedMessage) -> Result<Envelope, String> {
@@ -900,7 +940,7 @@ pub(crate) fn check_message(
     }
 }
 
-fn message_bytes(message: &OwnedMessage) -> usize {
+fn message_bytes(message: &impl Message) -> usize {
     message.payload().map_or(0, <[u8]>::len) + message.key().map_or(0, <[u8]>::len)
 }
 

@@ -11,7 +11,7 @@ use crate::metrics;
 
 use super::bindings::{self, Contribution, ObjectiveState, Progress};
 use super::event::{Event, pack};
-use super::records::{RawRecord, pack as pack_records};
+use super::records::{PackedRecords, RawRecord};
 use super::{Function, FunctionError, GuestState, MemoryLimitExceeded, Pre, TICK};
 
 /// Least time given to instantiate a component and create it from its
@@ -89,10 +89,10 @@ impl World for bindings::rule::Rule {
 type TransformBatch = bindings::transform::exports::laurel::award::transforms::RecordBatch;
 
 /// `transform-scope`'s `apply-for-types`.
-type ApplyForTypes = TypedFunc<
-    (ResourceAny, TransformBatch, Option<Vec<String>>),
-    (Vec<Result<Vec<Transformed>, String>>,),
->;
+type ApplyForTypes = TypedFunc<(ResourceAny, TransformBatch, Option<Vec<String>>), ApplyAnswers>;
+
+/// What `apply` and `apply-for-types` answer.
+type ApplyAnswers = (Vec<Result<Vec<Transformed>, String>>,);
 
 /// A transform's bindings, and its `transform-scope` export if it has one
 /// (a transform built before `transform-scope` existed does not).
@@ -703,30 +703,48 @@ impl TransformInstance {
         records: &[RawRecord<'_>],
         types: Option<&BTreeSet<String>>,
     ) -> Result<Vec<Result<Vec<Transformed>, String>>, FunctionError> {
-        let batch = pack_records(topic, records).ok_or_else(|| FunctionError::Input {
+        let packed = PackedRecords::of(topic, records).ok_or_else(|| FunctionError::Input {
             name: self.slot.function.name.clone(),
             version: self.slot.function.version,
             reason: "the batch's bytes are over 4 GiB: send smaller batches".to_string(),
         })?;
+        self.apply_packed(&packed, types)
+    }
+
+    /// As [`TransformInstance::apply_for_types`], on records packed as they
+    /// were read.
+    pub fn apply_packed(
+        &mut self,
+        records: &PackedRecords,
+        types: Option<&BTreeSet<String>>,
+    ) -> Result<Vec<Result<Vec<Transformed>, String>>, FunctionError> {
         let types: Option<Vec<String>> = types.map(|t| t.iter().cloned().collect());
+        let batch = records.batch();
         let answers =
             self.slot.run(
                 move |world, store, resource| match (&world.apply_for_types, types) {
-                    (Some(scoped), types @ Some(_)) => scoped
-                        .call(store, (resource, batch, types))
+                    // Lent, not copied: the batch crosses into the guest's
+                    // memory from where it was packed.
+                    (Some(scoped), Some(types)) => scoped
+                        .func()
+                        .typed::<(ResourceAny, &TransformBatch, Option<&[String]>), ApplyAnswers>(
+                            &*store,
+                        )?
+                        .call(store, (resource, batch, Some(&types)))
                         .map(|(answers,)| answers),
                     _ => world
                         .bindings
                         .laurel_award_transforms()
                         .transform()
-                        .call_apply(store, resource, &batch),
+                        .call_apply(store, resource, batch),
                 },
             )?;
-        if answers.len() != records.len() {
+        let records = records.len();
+        if answers.len() != records {
             return Err(self.slot.invalid(format!(
                 "{} answers for {} records",
                 answers.len(),
-                records.len()
+                records
             )));
         }
         let max_text = self.slot.function.runtime.limits.max_text_bytes;

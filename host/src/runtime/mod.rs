@@ -38,7 +38,7 @@ pub use event::{Event, Field, Scalar};
 pub use instance::{
     FilterInstance, RuleInstance, StrategyInstance, TransformInstance, Transformed,
 };
-pub use records::RawRecord;
+pub use records::{PackedRecords, RawRecord};
 
 use self::cache::CompileCache;
 use self::guest_output::GuestOutput;

@@ -33,27 +33,30 @@ use std::time::Duration;
 
 use rdkafka::Message;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
-use rdkafka::message::{Headers, OwnedMessage};
+use rdkafka::message::Headers;
 use rdkafka::producer::FutureProducer;
 use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
+mod batch;
 mod replay;
+
+use batch::{Letter, RawBatch, Read, Settled};
 
 pub use replay::{ORIGIN_HEADER, REPLAY_FOR_HEADER, RawReplay, replay, replay_group};
 
 use super::kafka::{self, DeadLetters};
 use super::{
-    IngestSettings, NextBatch, Plan, SourceContext, Verdict, follow_pause, group_consumer,
-    next_batch, rewind,
+    IngestSettings, NextBatch, Plan, ReadBatch, SourceContext, Verdict, follow_pause,
+    group_consumer, next_batch, rewind,
 };
 use crate::catalog::Catalog;
 use crate::event::Envelope;
 use crate::metrics;
 use crate::registry::{Binding, Registry};
-use crate::runtime::{FunctionError, RawRecord, TransformInstance, Transformed};
+use crate::runtime::{FunctionError, PackedRecords, TransformInstance, Transformed};
 use crate::store::{self, PipelineRow, Store};
 
 /// A pipeline's consumer group: `<prefix>.prefilter.<pipeline>`.
@@ -287,28 +290,34 @@ impl PipelineConsumer {
         let settings = self.shared.settings.clone();
         let mut last_error: Option<String> = None;
         let what = format!("pipeline {}", self.pipeline.name);
+        let mut batch = RawBatch::new(
+            &self.pipeline.name,
+            &self.pipeline.input_topic,
+            settings.max_event_bytes,
+        );
         loop {
             if *stop.borrow() {
                 break;
             }
             self.follow_pause();
             let waited = std::time::Instant::now();
-            let batch = match next_batch(
+            match next_batch(
                 &self.consumer,
                 &settings,
                 &mut stop,
                 &mut last_error,
                 &what,
+                &mut batch,
             )
             .await
             {
-                NextBatch::Batch(batch) => batch,
+                NextBatch::Batch => {}
                 NextBatch::Nothing => continue,
                 NextBatch::Stop => break,
-            };
+            }
             let waited = waited.elapsed();
             let span =
-                info_span!("prefilter_batch", pipeline = %self.pipeline.name, size = batch.len());
+                info_span!("prefilter_batch", pipeline = %self.pipeline.name, size = batch.count());
             async {
                 if let Err(error) = self.process(&batch, waited).await {
                     error!(message = "A pre-filter batch was not finished; it will be read again.", pipeline = %self.pipeline.name, %error);
@@ -334,9 +343,10 @@ impl PipelineConsumer {
         self.is_paused = follow_pause(&self.consumer, &self.paused, self.is_paused, &what);
     }
 
-    fn rewind(&self, batch: &[OwnedMessage]) {
+    fn rewind(&self, batch: &RawBatch) {
         let what = format!("pipeline {}", self.pipeline.name);
-        rewind(&self.consumer, &self.pipeline.input_topic, batch, &what);
+        let positions = batch.positions().iter().copied();
+        rewind(&self.consumer, &self.pipeline.input_topic, positions, &what);
     }
 
     /// The transform, bound now if it was not (it follows new versions).
@@ -375,69 +385,45 @@ impl PipelineConsumer {
     }
 
     /// One batch, read in `waited`.
-    async fn process(
-        &mut self,
-        batch: &[OwnedMessage],
-        waited: Duration,
-    ) -> Result<(), BatchError> {
+    async fn process(&mut self, batch: &RawBatch, waited: Duration) -> Result<(), BatchError> {
         let started = std::time::Instant::now();
-        let max_bytes = self.shared.settings.max_event_bytes;
-        let mut fates: Vec<Option<Fate>> = batch.iter().map(|_| None).collect();
-        let mut records: Vec<RawRecord<'_>> = Vec::with_capacity(batch.len());
-        let mut positions: Vec<usize> = Vec::with_capacity(batch.len());
-        for (index, message) in batch.iter().enumerate() {
-            if header(message, REPLAY_FOR_HEADER)
-                .is_some_and(|p| p != self.pipeline.name.as_bytes())
-            {
-                // Another pipeline's replayed dead letter: not this one's.
-                fates[index] = Some(Fate::Events(Vec::new()));
-                continue;
-            }
-            match message.payload() {
-                None => fates[index] = Some(Fate::Dead("empty message: no value".into())),
-                Some(value) if value.len() > max_bytes => {
-                    fates[index] = Some(Fate::Dead(format!(
-                        "record of {} bytes is over the limit of {max_bytes} bytes",
-                        value.len()
-                    )))
-                }
-                Some(value) => {
-                    positions.push(index);
-                    records.push(raw_record(message, value));
-                }
-            }
-        }
-        let topic = self.pipeline.input_topic.clone();
         // First, cheaply: types no objective's filters can match (as the
         // filters declare them) are not made (a transform with
         // `transform-scope` skips them) or dropped before any check.
         let types = self.plan().event_types();
-        let answers = self.transform_all(&topic, &records, types.as_ref())?;
+        let mut answers = self
+            .transform_all(batch.packed(), types.as_ref())?
+            .into_iter();
         let transformed = std::time::Instant::now();
         let mut dropped = 0;
-        for (position, answer) in positions.iter().zip(answers) {
-            fates[*position] = Some(match answer {
-                Ok(mut events) => {
-                    if events.is_empty() {
-                        // Nothing made (a transform told the kept types
-                        // leaves the others out): one record dropped.
-                        dropped += 1;
-                    } else if let Some(types) = &types {
-                        let before = events.len();
-                        events.retain(|event| types.contains(&event.event_type));
-                        dropped += before - events.len();
+        let mut fates: Vec<Fate> = Vec::with_capacity(batch.count());
+        for index in 0..batch.count() {
+            fates.push(match batch.read(index) {
+                Read::Whole(Settled::NotOurs) => Fate::Events(Vec::new()),
+                Read::Whole(Settled::Dead(reason)) => Fate::Dead(reason.clone()),
+                Read::Packed => match answers.next().expect("one answer per record") {
+                    Ok(mut events) => {
+                        if events.is_empty() {
+                            // Nothing made (a transform told the kept
+                            // types leaves the others out): one record
+                            // dropped.
+                            dropped += 1;
+                        } else if let Some(types) = &types {
+                            let before = events.len();
+                            events.retain(|event| types.contains(&event.event_type));
+                            dropped += before - events.len();
+                        }
+                        self.checked(events)
                     }
-                    self.checked(events)
-                }
-                Err(reason) => Fate::Dead(reason),
+                    Err(reason) => Fate::Dead(reason),
+                },
             });
         }
-        drop(records);
 
         // Keep what some objective can use.
         let mut candidates: Vec<(usize, Envelope, String)> = Vec::new();
         for (index, fate) in fates.iter_mut().enumerate() {
-            if let Some(Fate::Events(events)) = fate {
+            if let Fate::Events(events) = fate {
                 for (envelope, json) in events.drain(..) {
                     candidates.push((index, envelope, json));
                 }
@@ -479,14 +465,17 @@ impl PipelineConsumer {
                 &[],
             )
         });
-        let dead_letters: Vec<_> = batch
+        let dead_letters: Vec<_> = fates
             .iter()
-            .zip(&fates)
-            .filter_map(|(message, fate)| match fate {
-                Some(Fate::Dead(reason)) => {
-                    Some(dead_letter(&self.shared, &self.pipeline, message, reason))
-                }
-                _ => None,
+            .enumerate()
+            .filter_map(|(index, fate)| match fate {
+                Fate::Dead(reason) => Some(dead_letter(
+                    &self.shared,
+                    &self.pipeline,
+                    batch.letter(index),
+                    reason,
+                )),
+                Fate::Events(_) => None,
             })
             .collect();
         let dead = dead_letters.len() as u64;
@@ -502,13 +491,17 @@ impl PipelineConsumer {
         }
         let mut offsets = TopicPartitionList::new();
         let mut next: HashMap<i32, i64> = HashMap::new();
-        for message in batch {
-            let at = next.entry(message.partition()).or_insert(0);
-            *at = (*at).max(message.offset() + 1);
+        for &(partition, offset) in batch.positions() {
+            let at = next.entry(partition).or_insert(0);
+            *at = (*at).max(offset + 1);
         }
         for (partition, offset) in next {
             offsets
-                .add_partition_offset(&topic, partition, Offset::Offset(offset))
+                .add_partition_offset(
+                    &self.pipeline.input_topic,
+                    partition,
+                    Offset::Offset(offset),
+                )
                 .map_err(|e| BatchError::Kafka(e.into()))?;
         }
         let acknowledged = std::time::Instant::now();
@@ -519,7 +512,7 @@ impl PipelineConsumer {
         debug!(
             message = "Pre-filter batch done.",
             pipeline = %self.pipeline.name,
-            records = batch.len(),
+            records = batch.count(),
             kept = kept.len(),
             wait_ms = ms(waited),
             transform_ms = ms(transformed - started),
@@ -552,24 +545,20 @@ impl PipelineConsumer {
     /// their reason. A transform that cannot run at all holds the batch.
     fn transform_all(
         &mut self,
-        topic: &str,
-        records: &[RawRecord<'_>],
+        records: &PackedRecords,
         types: Option<&BTreeSet<String>>,
     ) -> Result<Vec<Result<Vec<Transformed>, String>>, BatchError> {
         if records.is_empty() {
             return Ok(Vec::new());
         }
-        match self.transform()?.apply_for_types(topic, records, types) {
+        match self.transform()?.apply_packed(records, types) {
             Ok(answers) => return Ok(answers),
             Err(error) if holds(&error) => return Err(BatchError::Transform(error.to_string())),
             Err(_) => {}
         }
         let mut answers = Vec::with_capacity(records.len());
-        for record in records {
-            match self
-                .transform()?
-                .apply_for_types(topic, std::slice::from_ref(record), types)
-            {
+        for index in 0..records.len() {
+            match self.transform()?.apply_packed(&records.one(index), types) {
                 Ok(mut one) => answers.push(one.pop().unwrap_or(Ok(Vec::new()))),
                 Err(error) if holds(&error) => {
                     return Err(BatchError::Transform(error.to_string()));
@@ -610,13 +599,12 @@ impl PipelineConsumer {
 async fn dead_letter(
     shared: &Shared,
     pipeline: &PipelineRow,
-    message: &OwnedMessage,
+    letter: Letter<'_>,
     reason: &str,
 ) -> Result<(), BatchError> {
     let topic = dead_topic(&pipeline.input_topic);
     let reason = crate::event::printable(reason, 4096);
-    let (partition, offset) = origin(message);
-    let (partition, offset) = (partition.to_string(), offset.to_string());
+    let (partition, offset) = (letter.origin.0.to_string(), letter.origin.1.to_string());
     let headers = [
         ("laurel-reason", reason.as_str()),
         ("laurel-pipeline", pipeline.name.as_str()),
@@ -624,28 +612,17 @@ async fn dead_letter(
         ("laurel-partition", partition.as_str()),
         ("laurel-offset", offset.as_str()),
     ];
-    let original: Vec<(String, Vec<u8>)> = message
-        .headers()
-        .map(|h| {
-            h.iter()
-                .map(|header| {
-                    (
-                        header.key.to_string(),
-                        header.value.unwrap_or_default().to_vec(),
-                    )
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    let value = message
-        .payload()
-        .filter(|v| v.len() <= shared.settings.max_event_bytes);
+    let original: Vec<(String, Vec<u8>)> = letter
+        .headers
+        .iter()
+        .map(|(name, value)| (name.to_string(), value.to_vec()))
+        .collect();
     shared
         .dead_letters
-        .publish(&topic, message.key(), value, &headers, &original)
+        .publish(&topic, letter.key, letter.value, &headers, &original)
         .await
         .map_err(BatchError::Kafka)?;
-    warn!(message = "Raw record dead-lettered.", pipeline = %pipeline.name, partition = message.partition(), offset = message.offset(), reason = %reason);
+    warn!(message = "Raw record dead-lettered.", pipeline = %pipeline.name, partition = letter.at.0, offset = letter.at.1, reason = %reason);
     Ok(())
 }
 
@@ -679,33 +656,14 @@ fn header<'a, M: Message>(message: &'a M, name: &str) -> Option<&'a [u8]> {
 
 /// Where a record first was: its `laurel-origin` if it is a replayed dead
 /// letter, else where it is.
-fn origin(message: &OwnedMessage) -> (i32, i64) {
-    header(message, ORIGIN_HEADER)
-        .and_then(|v| std::str::from_utf8(v).ok())
-        .and_then(|v| v.split_once('/'))
-        .and_then(|(p, o)| Some((p.parse().ok()?, o.parse().ok()?)))
-        .unwrap_or((message.partition(), message.offset()))
+fn origin(message: &impl Message) -> (i32, i64) {
+    origin_in(header(message, ORIGIN_HEADER)).unwrap_or((message.partition(), message.offset()))
 }
 
-/// A message as its transform sees it: a replayed dead letter at its first
-/// position, so its events get the ids they would have had.
-fn raw_record<'a>(message: &'a OwnedMessage, value: &'a [u8]) -> RawRecord<'a> {
-    let (partition, offset) = origin(message);
-    RawRecord {
-        partition,
-        offset,
-        value,
-        key: message.key(),
-        timestamp_ms: message.timestamp().to_millis(),
-        headers: message
-            .headers()
-            .map(|h| {
-                h.iter()
-                    .map(|header| (header.key, header.value.unwrap_or_default()))
-                    .collect()
-            })
-            .unwrap_or_default(),
-    }
+/// The position a `laurel-origin` header's value names (`partition/offset`).
+fn origin_in(value: Option<&[u8]>) -> Option<(i32, i64)> {
+    let (partition, offset) = std::str::from_utf8(value?).ok()?.split_once('/')?;
+    Some((partition.parse().ok()?, offset.parse().ok()?))
 }
 
 /// The contract's JSON envelope of a transformed event, with `source`.

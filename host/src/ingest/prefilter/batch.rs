@@ -1,0 +1,197 @@
+//! A pipeline's batch as it is read: the records its transform reads are
+//! packed as they arrive, each copied once into the buffer that crosses
+//! into the transform; the few it does not read (no value, too large,
+//! another pipeline's replayed dead letter) are kept whole with what
+//! becomes of them.
+
+use rdkafka::Message;
+use rdkafka::message::{BorrowedMessage, Headers, OwnedMessage};
+
+use super::{ORIGIN_HEADER, REPLAY_FOR_HEADER, origin, origin_in};
+use crate::ingest::{ReadBatch, message_bytes};
+use crate::runtime::{PackedRecords, RawRecord};
+
+/// Where a message of the batch is.
+enum Slot {
+    /// The `n`-th packed record.
+    Packed(usize),
+    /// The `n`-th message kept whole.
+    Whole(usize),
+}
+
+/// What became of a message the transform does not read.
+pub(super) enum Settled {
+    /// Another pipeline's replayed dead letter: nothing to do here.
+    NotOurs,
+    /// Dead-lettered, with why.
+    Dead(String),
+}
+
+pub(super) struct RawBatch {
+    pipeline: String,
+    max_bytes: usize,
+    /// Where each message was read (partition, offset), in order.
+    positions: Vec<(i32, i64)>,
+    slots: Vec<Slot>,
+    /// What the transform reads.
+    packed: PackedRecords,
+    whole: Vec<(OwnedMessage, Settled)>,
+}
+
+/// How a message of the batch is read, as [`RawBatch::read`] tells it.
+pub(super) enum Read<'a> {
+    /// Read by the transform: its answers come in the batch's order.
+    Packed,
+    /// Not read by it.
+    Whole(&'a Settled),
+}
+
+/// A raw record as its dead letter carries it.
+pub(super) struct Letter<'a> {
+    pub key: Option<&'a [u8]>,
+    /// None when it had none, or was too large to carry.
+    pub value: Option<&'a [u8]>,
+    pub headers: Vec<(&'a str, &'a [u8])>,
+    /// Where it first was (a replayed dead letter's origin).
+    pub origin: (i32, i64),
+    /// Where it was read.
+    pub at: (i32, i64),
+}
+
+impl RawBatch {
+    /// An empty batch of `pipeline`'s `topic`; values over `max_bytes` are
+    /// dead-lettered, not transformed.
+    pub(super) fn new(pipeline: &str, topic: &str, max_bytes: usize) -> RawBatch {
+        RawBatch {
+            pipeline: pipeline.to_string(),
+            max_bytes,
+            positions: Vec::new(),
+            slots: Vec::new(),
+            packed: PackedRecords::new(topic),
+            whole: Vec::new(),
+        }
+    }
+
+    /// What the transform reads, in order.
+    pub(super) fn packed(&self) -> &PackedRecords {
+        &self.packed
+    }
+
+    /// Every message's position (partition, offset), in order.
+    pub(super) fn positions(&self) -> &[(i32, i64)] {
+        &self.positions
+    }
+
+    /// How message `index` is read.
+    pub(super) fn read(&self, index: usize) -> Read<'_> {
+        match self.slots[index] {
+            Slot::Packed(_) => Read::Packed,
+            Slot::Whole(n) => Read::Whole(&self.whole[n].1),
+        }
+    }
+
+    /// Message `index` as its dead letter carries it.
+    pub(super) fn letter(&self, index: usize) -> Letter<'_> {
+        let at = self.positions[index];
+        match self.slots[index] {
+            Slot::Packed(n) => {
+                let record = self.packed.get(n);
+                Letter {
+                    key: record.key,
+                    value: Some(record.value),
+                    headers: record.headers,
+                    origin: (record.partition, record.offset),
+                    at,
+                }
+            }
+            Slot::Whole(n) => {
+                let message = &self.whole[n].0;
+                Letter {
+                    key: message.key(),
+                    value: message.payload().filter(|v| v.len() <= self.max_bytes),
+                    headers: message
+                        .headers()
+                        .map(|h| {
+                            h.iter()
+                                .map(|header| (header.key, header.value.unwrap_or_default()))
+                                .collect()
+                        })
+                        .unwrap_or_default(),
+                    origin: origin(message),
+                    at,
+                }
+            }
+        }
+    }
+
+    fn keep_whole(&mut self, message: &BorrowedMessage<'_>, settled: Settled) {
+        self.slots.push(Slot::Whole(self.whole.len()));
+        self.whole.push((message.detach(), settled));
+    }
+}
+
+impl ReadBatch for RawBatch {
+    fn take(&mut self, message: &BorrowedMessage<'_>) -> usize {
+        self.positions.push((message.partition(), message.offset()));
+        // Read once: librdkafka parses a message's headers anew each time
+        // they are asked for.
+        let headers: Vec<(&str, &[u8])> = message
+            .headers()
+            .map(|h| {
+                h.iter()
+                    .map(|header| (header.key, header.value.unwrap_or_default()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let header = |name: &str| headers.iter().find(|(n, _)| *n == name).map(|(_, v)| *v);
+        if header(REPLAY_FOR_HEADER).is_some_and(|p| p != self.pipeline.as_bytes()) {
+            self.keep_whole(message, Settled::NotOurs);
+            return message_bytes(message);
+        }
+        match message.payload() {
+            None => self.keep_whole(message, Settled::Dead("empty message: no value".into())),
+            Some(value) if value.len() > self.max_bytes => {
+                let reason = format!(
+                    "record of {} bytes is over the limit of {} bytes",
+                    value.len(),
+                    self.max_bytes
+                );
+                self.keep_whole(message, Settled::Dead(reason));
+            }
+            Some(value) => {
+                let (partition, offset) = origin_in(header(ORIGIN_HEADER))
+                    .unwrap_or((message.partition(), message.offset()));
+                // As the transform sees it: a replayed dead letter at its
+                // first position, so its events get the ids they would
+                // have had.
+                let record = RawRecord {
+                    partition,
+                    offset,
+                    value,
+                    key: message.key(),
+                    timestamp_ms: message.timestamp().to_millis(),
+                    headers,
+                };
+                if self.packed.push(&record) {
+                    self.slots.push(Slot::Packed(self.packed.len() - 1));
+                } else {
+                    let reason =
+                        "the pre-filter's batch passed 4 GiB: lower LAUREL_BATCH_MAX_BYTES";
+                    self.keep_whole(message, Settled::Dead(reason.into()));
+                }
+            }
+        }
+        message_bytes(message)
+    }
+
+    fn count(&self) -> usize {
+        self.positions.len()
+    }
+
+    fn clear(&mut self) {
+        self.positions.clear();
+        self.slots.clear();
+        self.packed.clear();
+        self.whole.clear();
+    }
+}

@@ -16,7 +16,7 @@ use crate::processes::{self, AWARDS};
 use crate::support::{self, TestDb};
 
 /// Terminates every backend of `database` but the caller's.
-async fn terminate_backends(server_url: &str, database: &str) -> u64 {
+pub(crate) async fn terminate_backends(server_url: &str, database: &str) -> u64 {
     let Ok((client, connection)) =
         tokio_postgres::connect(&format!("{server_url}/postgres"), tokio_postgres::NoTls).await
     else {

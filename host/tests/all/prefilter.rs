@@ -16,6 +16,7 @@ use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
 use crate::api::{AWARDS, Server};
+use crate::owned_postgres::OwnedPostgres;
 use crate::pipeline_support::{Pipeline, dead_letter_messages, settings};
 use crate::support;
 
@@ -981,4 +982,142 @@ async fn transforms_told_the_kept_types_skip_the_rest_and_older_ones_still_run()
     );
     prefilter.stop().await;
     p.stop().await;
+}
+
+/// PostgreSQL crashed, restarted cleanly and its backends terminated while
+/// raw records stream through a pipeline: the pre-filter's path from a raw
+/// record to a kept event needs no database, so every trip is produced
+/// exactly once and nothing else is; once the database is back, it follows
+/// what changes there (an award applied after the faults widens what is
+/// kept, without a restart).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_restarted_under_the_prefilter_loses_nothing_and_changes_are_followed_after() {
+    const ROUNDS: usize = 9;
+    const PER_ROUND: usize = 200;
+    let postgres = OwnedPostgres::start();
+    let db = support::TestDb::on(&postgres.server_url()).await;
+    let mut store = db.store().await;
+    let runtime = support::runtime();
+    laurel::library::register(&mut store, &runtime)
+        .await
+        .unwrap();
+    let registry = Registry::start(&db.url, runtime).await.unwrap();
+    laurel::definitions::apply(&mut store, &registry, AWARDS)
+        .await
+        .unwrap();
+    store.add_source("bss", None).await.unwrap();
+    let broker = ingest::LocalBroker::start(None).await.unwrap();
+    broker.create_topic("raw.kv", 2).unwrap();
+    broker.create_topic("events.bss", 1).unwrap();
+    laurel::pipelines::apply(&mut store, &registry, KV_PIPELINE)
+        .await
+        .unwrap();
+    drop(store);
+    let (stop, stopped) = oneshot::channel::<()>();
+    let url = db.url.clone();
+    let settings = settings(broker.bootstrap_servers());
+    let prefilter_registry = Registry::start(&db.url, support::runtime()).await.unwrap();
+    let catalog = Catalog::start(&db.url).await.unwrap();
+    let task = tokio::spawn(async move {
+        ingest::prefilter::run(settings, &url, prefilter_registry, catalog, async {
+            let _ = stopped.await;
+        })
+        .await
+    });
+
+    let producer = ingest::producer(broker.bootstrap_servers()).unwrap();
+    let mut trips = 0;
+    let mut faults = Vec::new();
+    let mut rng = crate::processes::Rng(0x9f17);
+    for round in 0..ROUNDS {
+        for n in 0..PER_ROUND {
+            let event = if n % 10 == 0 {
+                trips += 1;
+                "navi.trip_finished"
+            } else {
+                "navi.route_built"
+            };
+            let value = format!("ts=1764583200 uid=u-{n} event={event} dist={round}");
+            ingest::publish(&producer, "raw.kv", Some(b"k"), value.as_bytes(), &[])
+                .await
+                .unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(100 + rng.below(300))).await;
+        faults.push(match round % 3 {
+            0 => {
+                postgres.stop(true);
+                tokio::time::sleep(Duration::from_millis(500 + rng.below(1_000))).await;
+                postgres.start_again();
+                "crash and restart"
+            }
+            1 => {
+                postgres.stop(false);
+                tokio::time::sleep(Duration::from_millis(500 + rng.below(1_000))).await;
+                postgres.start_again();
+                "clean restart"
+            }
+            _ => {
+                crate::faults::terminate_backends(&postgres.server_url(), db.name()).await;
+                "terminate backends"
+            }
+        });
+    }
+    let kept = drain(
+        broker.bootstrap_servers(),
+        "events.bss",
+        trips,
+        FIVE_MINUTES,
+        Duration::from_secs(3),
+    )
+    .await;
+    let mut ids = BTreeSet::new();
+    for (_, value) in &kept {
+        let event: Value = serde_json::from_slice(value).unwrap();
+        assert_eq!(event["type"], "navi.trip_finished", "{event}");
+        let id = event["id"].as_str().unwrap().to_string();
+        assert!(
+            ids.insert(id.clone()),
+            "{id} produced twice, after {faults:?}"
+        );
+    }
+    assert_eq!(ids.len(), trips, "trips kept after {faults:?}");
+
+    // The database is back: an award applied now widens what is kept.
+    let routes = r#"[{"id": "route-planner", "title": "Route planner",
+      "objectives": [{"id": "routes",
+        "filters": [{"name": "SourceFilter", "config": {"sources": ["bss"]}},
+                    {"name": "EventTypeFilter", "config": {"types": ["navi.route_built"]}}],
+        "rule": {"name": "CountRule", "config": {"counter": "routes"}}, "progress_counter": "routes"}],
+      "strategy": {"goal": 3, "strategy": [{"objective_id": "routes"}]}}]"#;
+    let mut store = db.store().await;
+    laurel::definitions::apply(&mut store, &registry, routes)
+        .await
+        .unwrap();
+    let mut widened = false;
+    for attempt in 0..60 {
+        let value = format!("ts=1764583300 uid=u-after event=navi.route_built dist={attempt}");
+        ingest::publish(&producer, "raw.kv", Some(b"k"), value.as_bytes(), &[])
+            .await
+            .unwrap();
+        let all = drain(
+            broker.bootstrap_servers(),
+            "events.bss",
+            trips + 1,
+            Duration::from_secs(5),
+            Duration::from_secs(1),
+        )
+        .await;
+        if all.len() > trips {
+            let event: Value = serde_json::from_slice(&all[all.len() - 1].1).unwrap();
+            assert_eq!(event["type"], "navi.route_built", "{event}");
+            widened = true;
+            break;
+        }
+    }
+    assert!(
+        widened,
+        "the award applied after {faults:?} was not followed"
+    );
+    let _ = stop.send(());
+    task.await.unwrap().unwrap();
 }

@@ -12,8 +12,9 @@
 //!   cluster: JSON navigator records, 0.6% of them finished trips that an
 //!   award sums, the rest routes that no award counts.
 //! - Bare: this binary again, as a child pinned to one core (`taskset -c
-//!   CPU`), consuming the topic with a `StreamConsumer` and dropping every
-//!   record. Laurel: the built `laurel serve --roles prefilter`, pinned to
+//!   CPU`), consuming the topic through one `StreamConsumer` stream (as
+//!   the pre-filter reads a batch; `LAUREL_BENCH_BARE_RECV=1`: `recv` per
+//!   record) and dropping every record. Laurel: the built `laurel serve --roles prefilter`, pinned to
 //!   the same core, running one pipeline (`JsonTransform` in Wasm) over the
 //!   same topic. Each is timed from its first progress to its last record
 //!   (the consumer group's join is not throughput); the pre-filter's by

@@ -317,23 +317,6 @@ pub fn json_at(document: &[u8], pointer: &str) -> Result<Option<Json>, String> {
     pointer.json_in(document)
 }
 
-impl JsonPointer {
-    /// The value at this pointer in `document`, as [`json_at`] finds it.
-    pub fn json_in(&self, document: &[u8]) -> Result<Option<Json>, String> {
-        if let Ok(found) = self.find(document) {
-            return Ok(found.and_then(|range| serde_json::from_slice(&document[range]).ok()));
-        }
-        // The scan could not vouch for the text: a full parse says why, or
-        // finds the value after all.
-        let whole: Json =
-            serde_json::from_slice(document).map_err(|e| format!("the record is not JSON: {e}"))?;
-        if !whole.is_object() {
-            return Err("the record is JSON but not an object".into());
-        }
-        Ok(whole.pointer(self.as_str()).cloned())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::json_at;

@@ -77,6 +77,23 @@ impl JsonPointer {
         Ok(found)
     }
 
+    /// The value at this pointer in `document` (a JSON object's text), or
+    /// why the text is not one, as a full parse says it (what
+    /// [`json_at`](crate::mapping::json_at) answers).
+    pub fn json_in(&self, document: &[u8]) -> Result<Option<serde_json::Value>, String> {
+        if let Ok(found) = self.find(document) {
+            return Ok(found.and_then(|range| serde_json::from_slice(&document[range]).ok()));
+        }
+        // The scan could not vouch for the text: a full parse says why, or
+        // finds the value after all.
+        let whole: serde_json::Value =
+            serde_json::from_slice(document).map_err(|e| format!("the record is not JSON: {e}"))?;
+        if !whole.is_object() {
+            return Err("the record is JSON but not an object".into());
+        }
+        Ok(whole.pointer(self.as_str()).cloned())
+    }
+
     /// The text at this pointer, when there is a JSON string there
     /// (borrowed unless it has escapes); `Ok(None)` when there is nothing
     /// or something else.

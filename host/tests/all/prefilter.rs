@@ -107,7 +107,18 @@ async fn drain(
         let Ok(message) = tokio::time::timeout(wait, consumer.recv()).await else {
             break;
         };
-        let message = message.unwrap();
+        let message = match message {
+            Ok(message) => message,
+            // Not there yet (`laurel dev kafka` makes a topic when it is
+            // first produced to).
+            Err(rdkafka::error::KafkaError::MessageConsumption(
+                rdkafka::types::RDKafkaErrorCode::UnknownTopicOrPartition,
+            )) => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+            Err(error) => panic!("reading {topic}: {error}"),
+        };
         let key = String::from_utf8_lossy(message.key().unwrap_or_default()).into_owned();
         found.push((key, message.payload().unwrap_or_default().to_vec()));
     }
@@ -1118,6 +1129,162 @@ async fn postgres_restarted_under_the_prefilter_loses_nothing_and_changes_are_fo
         widened,
         "the award applied after {faults:?} was not followed"
     );
+    let _ = stop.send(());
+    task.await.unwrap().unwrap();
+}
+
+/// The broker (`laurel dev kafka`, its own process) killed under a running
+/// pre-filter and started again on the same address, empty: the pipeline's
+/// consumer finds its position out of range on the new log and starts it
+/// from the beginning, its producers reach the new broker, and the records
+/// sent afterwards are kept or dead-lettered as before, each once.
+///
+/// Known to fail (2026-12-05, also on the code before that day's changes):
+/// after the restart the consumer resets its partition to the new log's
+/// start, then its group session times out ("without a successful response
+/// from the group coordinator") and it does not rejoin within 100 s, so
+/// nothing after the restart is kept. Ingest's own test of the same restart
+/// passes. Run it with `-- --ignored prefilter::broker_killed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "known: the pipeline's consumer does not rejoin a broker restarted empty"]
+async fn broker_killed_and_started_again_the_prefilter_carries_on() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("laurel=info,librdkafka=warn")
+        .with_test_writer()
+        .try_init();
+    const PER_HALF: usize = 500;
+    let (port, broker) = (0..20)
+        .find_map(|_| {
+            let port = crate::owned_postgres::free_port();
+            crate::processes::Broker::try_start_on(Some(port)).map(|b| (port, b))
+        })
+        .expect("laurel dev kafka never kept a port");
+    let brokers = format!("127.0.0.1:{port}");
+    let db = support::TestDb::new().await;
+    let mut store = db.store().await;
+    let runtime = support::runtime();
+    laurel::library::register(&mut store, &runtime)
+        .await
+        .unwrap();
+    let registry = Registry::start(&db.url, runtime).await.unwrap();
+    laurel::definitions::apply(&mut store, &registry, AWARDS)
+        .await
+        .unwrap();
+    store.add_source("bss", None).await.unwrap();
+    laurel::pipelines::apply(&mut store, &registry, KV_PIPELINE)
+        .await
+        .unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let url = db.url.clone();
+    let prefilter_settings = settings(&brokers);
+    let prefilter_registry = Registry::start(&db.url, support::runtime()).await.unwrap();
+    let catalog = Catalog::start(&db.url).await.unwrap();
+    let task = tokio::spawn(async move {
+        ingest::prefilter::run(
+            prefilter_settings,
+            &url,
+            prefilter_registry,
+            catalog,
+            async {
+                let _ = stopped.await;
+            },
+        )
+        .await
+    });
+    // Record `n` of a half: every tenth a trip, every hundredth (after the
+    // restart) not key=value at all.
+    let record = |half: usize, n: usize| {
+        if half == 1 && n % 100 == 50 {
+            format!("junk {n}")
+        } else {
+            let event = if n.is_multiple_of(10) {
+                "navi.trip_finished"
+            } else {
+                "navi.route_built"
+            };
+            format!("ts=1764583200 uid=u-{half}-{n} event={event} dist={n}")
+        }
+    };
+    let publish = async |values: Vec<String>| {
+        let producer = ingest::producer(&brokers).unwrap();
+        let sends = values
+            .iter()
+            .map(|value| ingest::publish(&producer, "raw.kv", Some(b"k"), value.as_bytes(), &[]));
+        for result in futures_util::future::join_all(sends).await {
+            result.unwrap();
+        }
+    };
+    publish((0..PER_HALF).map(|n| record(0, n)).collect()).await;
+    let kept = drain(
+        &brokers,
+        "events.bss",
+        PER_HALF / 10,
+        FIVE_MINUTES,
+        Duration::from_secs(2),
+    )
+    .await;
+    assert_eq!(kept.len(), PER_HALF / 10, "trips kept before the restart");
+
+    // The broker goes away, its log with it, and comes back empty.
+    drop(broker);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let _broker = crate::processes::Broker::start_on(Some(port));
+    // One trip at a time until the pipeline keeps one: its consumer has
+    // started the new log from the beginning.
+    let mut probes = 0;
+    loop {
+        assert!(
+            probes < 30,
+            "the pipeline never came back after the restart"
+        );
+        probes += 1;
+        let value = format!("ts=1764583200 uid=probe event=navi.trip_finished dist={probes}");
+        publish(vec![value]).await;
+        let kept = drain(
+            &brokers,
+            "events.bss",
+            1,
+            Duration::from_secs(3),
+            Duration::from_millis(200),
+        )
+        .await;
+        if !kept.is_empty() {
+            break;
+        }
+    }
+    publish((0..PER_HALF).map(|n| record(1, n)).collect()).await;
+    let trips = (0..PER_HALF).filter(|n| n % 10 == 0).count();
+    let kept = drain(
+        &brokers,
+        "events.bss",
+        probes + trips,
+        FIVE_MINUTES,
+        Duration::from_secs(3),
+    )
+    .await;
+    let mut ids = BTreeSet::new();
+    let mut users = BTreeSet::new();
+    for (key, value) in &kept {
+        let event: Value = serde_json::from_slice(value).unwrap();
+        assert_eq!(event["type"], "navi.trip_finished", "{event}");
+        assert!(
+            ids.insert(event["id"].to_string()),
+            "{event} produced twice"
+        );
+        if key != "probe" {
+            users.insert(key.clone());
+        }
+    }
+    let want: BTreeSet<String> = (0..PER_HALF)
+        .filter(|n| n % 10 == 0)
+        .map(|n| format!("u-1-{n}"))
+        .collect();
+    assert_eq!(users, want, "every trip after the restart kept, once");
+    let letters = dead_letter_messages(&brokers, "raw.kv.dead", PER_HALF / 100).await;
+    assert_eq!(letters.len(), PER_HALF / 100);
+    for (_, reason, _) in &letters {
+        assert!(reason.contains("is not key=value"), "{reason}");
+    }
     let _ = stop.send(());
     task.await.unwrap().unwrap();
 }

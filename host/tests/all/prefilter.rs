@@ -251,13 +251,16 @@ struct Prefilter {
 
 impl Prefilter {
     async fn start(p: &Pipeline) -> Prefilter {
-        let registry = Registry::start(&p.db.url, support::runtime())
-            .await
-            .unwrap();
-        let catalog = Catalog::start(&p.db.url).await.unwrap();
+        Prefilter::start_on(&p.db.url, p.broker.bootstrap_servers()).await
+    }
+
+    /// On the database at `url` and the broker at `brokers`.
+    async fn start_on(url: &str, brokers: &str) -> Prefilter {
+        let registry = Registry::start(url, support::runtime()).await.unwrap();
+        let catalog = Catalog::start(url).await.unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
-        let url = p.db.url.clone();
-        let settings = settings(p.broker.bootstrap_servers());
+        let url = url.to_string();
+        let settings = settings(brokers);
         let task = tokio::spawn(async move {
             ingest::prefilter::run(settings, &url, registry, catalog, async {
                 let _ = stopped.await;
@@ -995,6 +998,25 @@ async fn transforms_told_the_kept_types_skip_the_rest_and_older_ones_still_run()
     p.stop().await;
 }
 
+/// `db` with the built-in functions, the test awards, source `bss` and the
+/// key=value pipeline; the registry they were applied with.
+async fn kv_pipeline_on(db: &support::TestDb) -> std::sync::Arc<Registry> {
+    let mut store = db.store().await;
+    let runtime = support::runtime();
+    laurel::library::register(&mut store, &runtime)
+        .await
+        .unwrap();
+    let registry = Registry::start(&db.url, runtime).await.unwrap();
+    laurel::definitions::apply(&mut store, &registry, AWARDS)
+        .await
+        .unwrap();
+    store.add_source("bss", None).await.unwrap();
+    laurel::pipelines::apply(&mut store, &registry, KV_PIPELINE)
+        .await
+        .unwrap();
+    registry
+}
+
 /// PostgreSQL crashed, restarted cleanly and its backends terminated while
 /// raw records stream through a pipeline: the pre-filter's path from a raw
 /// record to a kept event needs no database, so every trip is produced
@@ -1007,34 +1029,11 @@ async fn postgres_restarted_under_the_prefilter_loses_nothing_and_changes_are_fo
     const PER_ROUND: usize = 200;
     let postgres = OwnedPostgres::start();
     let db = support::TestDb::on(&postgres.server_url()).await;
-    let mut store = db.store().await;
-    let runtime = support::runtime();
-    laurel::library::register(&mut store, &runtime)
-        .await
-        .unwrap();
-    let registry = Registry::start(&db.url, runtime).await.unwrap();
-    laurel::definitions::apply(&mut store, &registry, AWARDS)
-        .await
-        .unwrap();
-    store.add_source("bss", None).await.unwrap();
+    let registry = kv_pipeline_on(&db).await;
     let broker = ingest::LocalBroker::start(None).await.unwrap();
     broker.create_topic("raw.kv", 2).unwrap();
     broker.create_topic("events.bss", 1).unwrap();
-    laurel::pipelines::apply(&mut store, &registry, KV_PIPELINE)
-        .await
-        .unwrap();
-    drop(store);
-    let (stop, stopped) = oneshot::channel::<()>();
-    let url = db.url.clone();
-    let settings = settings(broker.bootstrap_servers());
-    let prefilter_registry = Registry::start(&db.url, support::runtime()).await.unwrap();
-    let catalog = Catalog::start(&db.url).await.unwrap();
-    let task = tokio::spawn(async move {
-        ingest::prefilter::run(settings, &url, prefilter_registry, catalog, async {
-            let _ = stopped.await;
-        })
-        .await
-    });
+    let prefilter = Prefilter::start_on(&db.url, broker.bootstrap_servers()).await;
 
     let producer = ingest::producer(broker.bootstrap_servers()).unwrap();
     let mut trips = 0;
@@ -1129,8 +1128,7 @@ async fn postgres_restarted_under_the_prefilter_loses_nothing_and_changes_are_fo
         widened,
         "the award applied after {faults:?} was not followed"
     );
-    let _ = stop.send(());
-    task.await.unwrap().unwrap();
+    prefilter.stop().await;
 }
 
 /// The broker (`laurel dev kafka`, its own process) killed under a running
@@ -1149,36 +1147,8 @@ async fn broker_killed_and_started_again_the_prefilter_carries_on() {
         .expect("laurel dev kafka never kept a port");
     let brokers = format!("127.0.0.1:{port}");
     let db = support::TestDb::new().await;
-    let mut store = db.store().await;
-    let runtime = support::runtime();
-    laurel::library::register(&mut store, &runtime)
-        .await
-        .unwrap();
-    let registry = Registry::start(&db.url, runtime).await.unwrap();
-    laurel::definitions::apply(&mut store, &registry, AWARDS)
-        .await
-        .unwrap();
-    store.add_source("bss", None).await.unwrap();
-    laurel::pipelines::apply(&mut store, &registry, KV_PIPELINE)
-        .await
-        .unwrap();
-    let (stop, stopped) = oneshot::channel::<()>();
-    let url = db.url.clone();
-    let prefilter_settings = settings(&brokers);
-    let prefilter_registry = Registry::start(&db.url, support::runtime()).await.unwrap();
-    let catalog = Catalog::start(&db.url).await.unwrap();
-    let task = tokio::spawn(async move {
-        ingest::prefilter::run(
-            prefilter_settings,
-            &url,
-            prefilter_registry,
-            catalog,
-            async {
-                let _ = stopped.await;
-            },
-        )
-        .await
-    });
+    kv_pipeline_on(&db).await;
+    let prefilter = Prefilter::start_on(&db.url, &brokers).await;
     // Record `n` of a half: every tenth a trip, every hundredth (after the
     // restart) not key=value at all.
     let record = |half: usize, n: usize| {
@@ -1273,6 +1243,5 @@ async fn broker_killed_and_started_again_the_prefilter_carries_on() {
     for (_, reason, _) in &letters {
         assert!(reason.contains("is not key=value"), "{reason}");
     }
-    let _ = stop.send(());
-    task.await.unwrap().unwrap();
+    prefilter.stop().await;
 }

@@ -14,7 +14,8 @@
 //! - Bare: this binary again, as a child pinned to one core (`taskset -c
 //!   CPU`), consuming the topic through one `StreamConsumer` stream (as
 //!   the pre-filter reads a batch; `LAUREL_BENCH_BARE_RECV=1`: `recv` per
-//!   record) and dropping every record. Laurel: the built `laurel serve --roles prefilter`, pinned to
+//!   record) with the pre-filter's fetch settings, and dropping every
+//!   record. Laurel: the built `laurel serve --roles prefilter`, pinned to
 //!   the same core, running one pipeline (`JsonTransform` in Wasm) over the
 //!   same topic. Each is timed from its first progress to its last record
 //!   (the consumer group's join is not throughput); the pre-filter's by
@@ -198,7 +199,13 @@ fn bare(brokers: &str, count: usize) {
             .set("bootstrap.servers", brokers)
             .set("group.id", "bench.bare")
             .set("enable.auto.commit", "false")
-            .set("auto.offset.reset", "earliest");
+            .set("auto.offset.reset", "earliest")
+            // Fetched as Laurel's consumers fetch: with librdkafka's default
+            // backoff (1 s once 100,000 records wait unread), a bare
+            // consumer of more than about 700,000 records sat idle and
+            // measured a third of its rate.
+            .set("fetch.wait.max.ms", "20")
+            .set("fetch.queue.backoff.ms", "10");
         // `LAUREL_BENCH_BARE_SET="key=value;..."`: settings of the
         // pre-filter's consumer tried on the bare one, to find what costs.
         for setting in std::env::var("LAUREL_BENCH_BARE_SET")
@@ -237,6 +244,20 @@ fn bare(brokers: &str, count: usize) {
         black_box(bytes);
         println!("{}", (count - 1) as f64 / elapsed);
     });
+}
+
+/// A child process stopped (SIGTERM, then waited for) when dropped, also
+/// when a measurement panics: a pre-filter left running on the pinned core
+/// would skew every later run.
+struct Stopped(Child);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status();
+        let _ = self.0.wait();
+    }
 }
 
 fn pinned(cpu: usize, program: &str) -> Command {
@@ -314,7 +335,7 @@ async fn measure(server: &str, count: usize, cpu: usize) -> (f64, f64) {
 
     // Laurel's pre-filter, pinned the same way.
     let cache = std::env::temp_dir().join("laurel-bench-prefilter-cache");
-    let mut child: Child = pinned(cpu, env!("CARGO_BIN_EXE_laurel"))
+    let child: Child = pinned(cpu, env!("CARGO_BIN_EXE_laurel"))
         .args(["serve", "--roles", "prefilter"])
         .env("LAUREL_DATABASE_URL", &url)
         .env("LAUREL_KAFKA_BROKERS", &brokers)
@@ -328,11 +349,9 @@ async fn measure(server: &str, count: usize, cpu: usize) -> (f64, f64) {
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
+    let child = Stopped(child);
     let laurel = committed_rate(&brokers, count).await;
-    let _ = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status();
-    let _ = child.wait();
+    drop(child);
     let kept = high_watermarks(&brokers, "events.bss", 4);
     assert_eq!(
         kept,

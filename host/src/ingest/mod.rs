@@ -391,7 +391,11 @@ impl ReadBatch for Vec<OwnedMessage> {
     }
 }
 
-/// The next batch of `consumer`: waits up to a quarter second for a first
+/// How long [`next_batch`] waits for a first message before it says there
+/// is nothing.
+const FIRST_WAIT: Duration = Duration::from_millis(250);
+
+/// The next batch of `consumer`: waits up to `first_wait` for a first
 /// message, then takes what is already fetched and what arrives within
 /// LAUREL_BATCH_WAIT_MS, up to LAUREL_BATCH_SIZE messages or
 /// LAUREL_BATCH_MAX_BYTES, into `batch` (emptied first). `what` names the
@@ -399,6 +403,7 @@ impl ReadBatch for Vec<OwnedMessage> {
 async fn next_batch<B: ReadBatch>(
     consumer: &StreamConsumer<SourceContext>,
     settings: &IngestSettings,
+    first_wait: Duration,
     stop: &mut watch::Receiver<bool>,
     last_error: &mut Option<String>,
     what: &str,
@@ -409,9 +414,11 @@ async fn next_batch<B: ReadBatch>(
     // message.
     let mut messages = consumer.stream();
     let first = tokio::select! {
+        // A message already fetched is taken even when `first_wait` is 0.
+        biased;
         message = messages.next() => message.expect("kafka streams never end"),
         _ = stop.changed() => return NextBatch::Stop,
-        _ = tokio::time::sleep(Duration::from_millis(250)) => return NextBatch::Nothing,
+        _ = tokio::time::sleep(first_wait) => return NextBatch::Nothing,
     };
     let mut bytes = match first {
         Ok(message) => {
@@ -562,6 +569,7 @@ impl SourceConsumer {
             match next_batch(
                 &self.consumer,
                 &settings,
+                FIRST_WAIT,
                 &mut stop,
                 &mut last_error,
                 &what,

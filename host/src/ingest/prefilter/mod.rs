@@ -12,7 +12,9 @@
 //!   and function changes without a restart.
 //! - **No loss:** a batch's offsets are committed only after its kept
 //!   events and its dead letters are acknowledged by the broker; a batch
-//!   that fails is read again. A record's events carry ids derived from its
+//!   that fails is read again. The kept events are acknowledged while the
+//!   next batch is read (so the pre-filter does not wait idle for them);
+//!   if they are not, both batches are read again. A record's events carry ids derived from its
 //!   position (or a field the transform config names), so a record read
 //!   again makes the same events and ingest adds them once.
 //! - **Malformed records** (no value, too large, a transform's refusal, an
@@ -49,7 +51,7 @@ pub use replay::{ORIGIN_HEADER, REPLAY_FOR_HEADER, RawReplay, replay, replay_gro
 
 use super::kafka::{self, DeadLetters};
 use super::{
-    IngestSettings, NextBatch, Plan, ReadBatch, SourceContext, Verdict, follow_pause,
+    FIRST_WAIT, IngestSettings, NextBatch, Plan, ReadBatch, SourceContext, Verdict, follow_pause,
     group_consumer, next_batch, rewind,
 };
 use crate::catalog::Catalog;
@@ -232,6 +234,41 @@ enum BatchError {
     Kafka(anyhow::Error),
 }
 
+/// A batch's kept events as the producer acknowledges them.
+type Acks = std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>> + Send>>;
+
+/// A batch whose kept events are sent, committed once they are
+/// acknowledged.
+struct Sent {
+    acks: Acks,
+    /// The first position read on each partition: where to read again if
+    /// the events are not acknowledged.
+    first: Vec<(i32, i64)>,
+    /// What to commit: the next offset on each partition.
+    offsets: TopicPartitionList,
+    log: BatchLog,
+}
+
+/// A sent batch whose events were not acknowledged, or whose offsets were
+/// not committed.
+struct Unsettled {
+    first: Vec<(i32, i64)>,
+    error: anyhow::Error,
+}
+
+/// What a batch's line in the log and its counts say.
+struct BatchLog {
+    records: usize,
+    kept: usize,
+    dropped: usize,
+    dead: u64,
+    wait: Duration,
+    transform: Duration,
+    check: Duration,
+    /// When its events were handed to the producer.
+    sent: std::time::Instant,
+}
+
 /// What became of one record.
 enum Fate {
     /// Its events, checked, as envelope JSON (key = user id).
@@ -295,22 +332,48 @@ impl PipelineConsumer {
             &self.pipeline.input_topic,
             settings.max_event_bytes,
         );
+        let mut in_flight: Option<Sent> = None;
         loop {
             if *stop.borrow() {
                 break;
             }
             self.follow_pause();
             let waited = std::time::Instant::now();
-            match next_batch(
+            // The batch before this one is acknowledged while this one is
+            // read, and committed once it is: at once when nothing more
+            // has been fetched.
+            let first_wait = if in_flight.is_some() {
+                Duration::ZERO
+            } else {
+                FIRST_WAIT
+            };
+            let read = next_batch(
                 &self.consumer,
                 &settings,
+                first_wait,
                 &mut stop,
                 &mut last_error,
                 &what,
                 &mut batch,
             )
-            .await
+            .await;
+            if let Some(sent) = in_flight.take()
+                && let Err(unsettled) = self.settle(sent).await
             {
+                error!(message = "A pre-filter batch was not acknowledged; it will be read again.", pipeline = %self.pipeline.name, error = %unsettled.error);
+                let mut again = unsettled.first;
+                if matches!(read, NextBatch::Batch) {
+                    // This batch too, on partitions it alone has.
+                    again.extend_from_slice(batch.positions());
+                }
+                self.rewind(again);
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    _ = stop.changed() => {}
+                }
+                continue;
+            }
+            match read {
                 NextBatch::Batch => {}
                 NextBatch::Nothing => continue,
                 NextBatch::Stop => break,
@@ -319,21 +382,29 @@ impl PipelineConsumer {
             let span =
                 info_span!("prefilter_batch", pipeline = %self.pipeline.name, size = batch.count());
             async {
-                if let Err(error) = self.process(&batch, waited).await {
-                    error!(message = "A pre-filter batch was not finished; it will be read again.", pipeline = %self.pipeline.name, %error);
-                    self.rewind(&batch);
-                    let wait = match error {
-                        BatchError::Transform(_) => Duration::from_secs(3),
-                        BatchError::Kafka(_) => Duration::from_secs(1),
-                    };
-                    tokio::select! {
-                        _ = tokio::time::sleep(wait) => {}
-                        _ = stop.changed() => {}
+                match self.process(&batch, waited).await {
+                    Ok(sent) => in_flight = Some(sent),
+                    Err(error) => {
+                        error!(message = "A pre-filter batch was not finished; it will be read again.", pipeline = %self.pipeline.name, %error);
+                        self.rewind(batch.positions().to_vec());
+                        let wait = match error {
+                            BatchError::Transform(_) => Duration::from_secs(3),
+                            BatchError::Kafka(_) => Duration::from_secs(1),
+                        };
+                        tokio::select! {
+                            _ = tokio::time::sleep(wait) => {}
+                            _ = stop.changed() => {}
+                        }
                     }
                 }
             }
             .instrument(span)
             .await;
+        }
+        if let Some(sent) = in_flight.take()
+            && let Err(unsettled) = self.settle(sent).await
+        {
+            error!(message = "The last pre-filter batch was not acknowledged; it will be read again after a restart.", pipeline = %self.pipeline.name, error = %unsettled.error);
         }
         info!(message = "Pipeline consumer stopped.", pipeline = %self.pipeline.name);
     }
@@ -343,9 +414,9 @@ impl PipelineConsumer {
         self.is_paused = follow_pause(&self.consumer, &self.paused, self.is_paused, &what);
     }
 
-    fn rewind(&self, batch: &RawBatch) {
+    /// Seeks back to the first of `positions` on each partition.
+    fn rewind(&self, positions: Vec<(i32, i64)>) {
         let what = format!("pipeline {}", self.pipeline.name);
-        let positions = batch.positions().iter().copied();
         rewind(&self.consumer, &self.pipeline.input_topic, positions, &what);
     }
 
@@ -384,8 +455,9 @@ impl PipelineConsumer {
         self.plan.as_mut().expect("planned above")
     }
 
-    /// One batch, read in `waited`.
-    async fn process(&mut self, batch: &RawBatch, waited: Duration) -> Result<(), BatchError> {
+    /// One batch, read in `waited`: transformed, checked, its kept events
+    /// sent and its dead letters acknowledged.
+    async fn process(&mut self, batch: &RawBatch, waited: Duration) -> Result<Sent, BatchError> {
         let started = std::time::Instant::now();
         // First, cheaply: types no objective's filters can match (as the
         // filters declare them) are not made (a transform with
@@ -402,13 +474,14 @@ impl PipelineConsumer {
                 Read::Whole(Settled::NotOurs) => Fate::Events(Vec::new()),
                 Read::Whole(Settled::Dead(reason)) => Fate::Dead(reason.clone()),
                 Read::Packed => match answers.next().expect("one answer per record") {
+                    Ok(events) if events.is_empty() => {
+                        // Nothing made (a transform told the kept types
+                        // leaves the others out): one record dropped.
+                        dropped += 1;
+                        Fate::Events(Vec::new())
+                    }
                     Ok(mut events) => {
-                        if events.is_empty() {
-                            // Nothing made (a transform told the kept
-                            // types leaves the others out): one record
-                            // dropped.
-                            dropped += 1;
-                        } else if let Some(types) = &types {
+                        if let Some(types) = &types {
                             let before = events.len();
                             events.retain(|event| types.contains(&event.event_type));
                             dropped += before - events.len();
@@ -452,20 +525,40 @@ impl PipelineConsumer {
             .zip(&keep)
             .filter_map(|(candidate, keep)| keep.then_some(candidate))
             .collect();
-        dropped += candidates.len() - kept.len();
+        let kept_count = kept.len();
+        dropped += candidates.len() - kept_count;
         let planned = std::time::Instant::now();
 
-        // Everything acknowledged before anything is committed.
-        let sends = kept.iter().map(|(_, envelope, json)| {
-            kafka::publish(
-                &self.shared.producer,
-                &self.out_topic,
-                Some(envelope.user_id.as_bytes()),
-                json.as_bytes(),
-                &[],
-            )
-        });
-        let dead_letters: Vec<_> = fates
+        // Everything acknowledged before anything is committed. The kept
+        // events are handed to the producer now and acknowledged while the
+        // next batch is read ([`PipelineConsumer::settle`]); dead letters
+        // (few) are waited for here.
+        let sends: Vec<_> = kept
+            .into_iter()
+            .map(|(_, envelope, json)| {
+                let producer = self.shared.producer.clone();
+                let topic = self.out_topic.clone();
+                let key = envelope.user_id.clone();
+                let json = json.clone();
+                async move {
+                    kafka::publish(
+                        &producer,
+                        &topic,
+                        Some(key.as_bytes()),
+                        json.as_bytes(),
+                        &[],
+                    )
+                    .await
+                }
+            })
+            .collect();
+        let sends = futures_util::future::try_join_all(sends);
+        let mut acks: Acks = Box::pin(async move { sends.await.map(drop) });
+        // Polled once, so every event is on its way.
+        if let std::task::Poll::Ready(result) = futures_util::poll!(&mut acks) {
+            acks = Box::pin(std::future::ready(result));
+        }
+        let dead_letters = fates
             .iter()
             .enumerate()
             .filter_map(|(index, fate)| match fate {
@@ -476,48 +569,59 @@ impl PipelineConsumer {
                     reason,
                 )),
                 Fate::Events(_) => None,
-            })
-            .collect();
-        let dead = dead_letters.len() as u64;
-        let (sent, dead_lettered) = tokio::join!(
-            futures_util::future::join_all(sends),
-            futures_util::future::join_all(dead_letters)
-        );
-        for result in sent {
-            result.map_err(BatchError::Kafka)?;
-        }
-        for result in dead_lettered {
-            result?;
-        }
-        let mut offsets = TopicPartitionList::new();
-        let mut next: HashMap<i32, i64> = HashMap::new();
-        for &(partition, offset) in batch.positions() {
-            let at = next.entry(partition).or_insert(0);
-            *at = (*at).max(offset + 1);
-        }
-        for (partition, offset) in next {
-            offsets
-                .add_partition_offset(
-                    &self.pipeline.input_topic,
-                    partition,
-                    Offset::Offset(offset),
-                )
-                .map_err(|e| BatchError::Kafka(e.into()))?;
-        }
+            });
+        let dead = futures_util::future::try_join_all(dead_letters)
+            .await?
+            .len() as u64;
+        let planned_ms = planned.duration_since(started);
+        Ok(Sent {
+            acks,
+            first: first_positions(batch.positions()),
+            offsets: next_offsets(&self.pipeline.input_topic, batch.positions())
+                .map_err(|e| BatchError::Kafka(e.into()))?,
+            log: BatchLog {
+                records: batch.count(),
+                kept: kept_count,
+                dropped,
+                dead,
+                wait: waited,
+                transform: transformed - started,
+                check: planned_ms - (transformed - started),
+                sent: std::time::Instant::now(),
+            },
+        })
+    }
+
+    /// Waits for `sent`'s events to be acknowledged, then commits its
+    /// offsets; counts its records.
+    async fn settle(&mut self, sent: Sent) -> Result<(), Unsettled> {
+        let Sent {
+            acks,
+            first,
+            offsets,
+            log,
+        } = sent;
+        let unsettled = |error: anyhow::Error| Unsettled {
+            first: first.clone(),
+            error,
+        };
+        acks.await.map_err(unsettled)?;
         let acknowledged = std::time::Instant::now();
         self.consumer
             .commit(&offsets, CommitMode::Sync)
-            .map_err(|e| BatchError::Kafka(e.into()))?;
+            .map_err(|e| unsettled(e.into()))?;
         let ms = |d: Duration| d.as_secs_f64() * 1000.0;
         debug!(
             message = "Pre-filter batch done.",
             pipeline = %self.pipeline.name,
-            records = batch.count(),
-            kept = kept.len(),
-            wait_ms = ms(waited),
-            transform_ms = ms(transformed - started),
-            check_ms = ms(planned - transformed),
-            produce_ms = ms(acknowledged - planned),
+            records = log.records,
+            kept = log.kept,
+            wait_ms = ms(log.wait),
+            transform_ms = ms(log.transform),
+            check_ms = ms(log.check),
+            // From the events' sending to their acknowledgement, while
+            // the next batch was read.
+            produce_ms = ms(acknowledged - log.sent),
             commit_ms = ms(acknowledged.elapsed()),
         );
         let labels = |outcome| {
@@ -526,17 +630,13 @@ impl PipelineConsumer {
                 ("outcome", outcome),
             ]
         };
-        metrics::add(
-            metrics::PREFILTER_EVENTS,
-            &labels("kept"),
-            kept.len() as u64,
-        );
+        metrics::add(metrics::PREFILTER_EVENTS, &labels("kept"), log.kept as u64);
         metrics::add(
             metrics::PREFILTER_EVENTS,
             &labels("dropped"),
-            dropped as u64,
+            log.dropped as u64,
         );
-        metrics::add(metrics::PREFILTER_EVENTS, &labels("dead"), dead);
+        metrics::add(metrics::PREFILTER_EVENTS, &labels("dead"), log.dead);
         Ok(())
     }
 
@@ -689,4 +789,78 @@ fn envelope_json(event: &Transformed, source: &str) -> Result<String, String> {
         envelope["status"] = status.as_str().into();
     }
     Ok(envelope.to_string())
+}
+
+/// The first offset read on each partition, from a batch's positions
+/// (partition, offset) in the order read. Positions come in runs of one
+/// partition, so the last run's entry is looked at first.
+fn first_positions(positions: &[(i32, i64)]) -> Vec<(i32, i64)> {
+    let mut first: Vec<(i32, i64)> = Vec::new();
+    for &(partition, offset) in positions {
+        match first.iter_mut().rev().find(|(p, _)| *p == partition) {
+            Some(at) => at.1 = at.1.min(offset),
+            None => first.push((partition, offset)),
+        }
+    }
+    first
+}
+
+/// What to commit after a batch: on each partition, the offset after the
+/// last one read.
+fn next_offsets(
+    topic: &str,
+    positions: &[(i32, i64)],
+) -> rdkafka::error::KafkaResult<TopicPartitionList> {
+    let mut next: Vec<(i32, i64)> = Vec::new();
+    for &(partition, offset) in positions {
+        match next.iter_mut().rev().find(|(p, _)| *p == partition) {
+            Some(at) => at.1 = at.1.max(offset + 1),
+            None => next.push((partition, offset + 1)),
+        }
+    }
+    let mut offsets = TopicPartitionList::with_capacity(next.len());
+    for (partition, offset) in next {
+        offsets.add_partition_offset(topic, partition, Offset::Offset(offset))?;
+    }
+    Ok(offsets)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{first_positions, next_offsets};
+    use rdkafka::Offset;
+
+    #[test]
+    fn a_batch_is_committed_after_its_last_record_and_read_again_from_its_first() {
+        // Runs of partitions as fetched, one partition coming back, and a
+        // rewound partition read again from lower offsets.
+        let positions = [
+            (3, 10),
+            (3, 11),
+            (0, 5),
+            (0, 6),
+            (3, 12),
+            (7, 1),
+            (3, 4),
+            (3, 5),
+        ];
+        assert_eq!(first_positions(&positions), vec![(3, 4), (0, 5), (7, 1)]);
+        let offsets = next_offsets("raw", &positions).unwrap();
+        let mut next: Vec<(i32, Offset)> = offsets
+            .elements()
+            .iter()
+            .map(|e| (e.partition(), e.offset()))
+            .collect();
+        next.sort_by_key(|(p, _)| *p);
+        assert_eq!(
+            next,
+            vec![
+                (0, Offset::Offset(7)),
+                (3, Offset::Offset(13)),
+                (7, Offset::Offset(2))
+            ]
+        );
+        assert_eq!(first_positions(&[]), vec![]);
+        assert_eq!(next_offsets("raw", &[]).unwrap().count(), 0);
+    }
 }

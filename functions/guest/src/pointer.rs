@@ -55,10 +55,17 @@ impl JsonPointer {
     /// (as `serde_json::Value::pointer` finds, the last of duplicate keys
     /// winning). The whole text is checked.
     pub fn find(&self, document: &[u8]) -> Result<Option<Range<usize>>, ParseWhole> {
+        self.locate(document).map(|(found, _)| found)
+    }
+
+    /// As [`find`](Self::find), and whether the value found is a string
+    /// with escapes.
+    fn locate(&self, document: &[u8]) -> Result<(Option<Range<usize>>, bool), ParseWhole> {
         let mut scan = Scan {
             bytes: document,
             at: 0,
             non_ascii: false,
+            escaped: false,
         };
         scan.space();
         if scan.peek() != Some(b'{') {
@@ -74,7 +81,7 @@ impl JsonPointer {
         if scan.non_ascii && std::str::from_utf8(document).is_err() {
             return Err(ParseWhole);
         }
-        Ok(found)
+        Ok((found, scan.escaped))
     }
 
     /// The value at this pointer in `document` (a JSON object's text), or
@@ -98,7 +105,7 @@ impl JsonPointer {
     /// (borrowed unless it has escapes); `Ok(None)` when there is nothing
     /// or something else.
     pub fn text_in<'a>(&self, document: &'a [u8]) -> Result<Option<Cow<'a, str>>, ParseWhole> {
-        let Some(range) = self.find(document)? else {
+        let (Some(range), escaped) = self.locate(document)? else {
             return Ok(None);
         };
         let found = &document[range];
@@ -106,7 +113,7 @@ impl JsonPointer {
             return Ok(None);
         }
         let inner = &found[1..found.len() - 1];
-        if !inner.contains(&b'\\') {
+        if !escaped {
             return std::str::from_utf8(inner)
                 .map(|t| Some(Cow::Borrowed(t)))
                 .map_err(|_| ParseWhole);
@@ -123,6 +130,8 @@ struct Scan<'a> {
     /// Whether a string held bytes past ASCII (then the text's UTF-8 is
     /// checked once, at the end).
     non_ascii: bool,
+    /// Whether the last string found at the pointer holds escapes.
+    escaped: bool,
 }
 
 impl Scan<'_> {
@@ -131,9 +140,7 @@ impl Scan<'_> {
     }
 
     fn space(&mut self) {
-        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
-            self.at += 1;
-        }
+        self.at = space(self.bytes, self.at);
     }
 
     /// Consumes `byte` (after any space), or fails.
@@ -157,14 +164,18 @@ impl Scan<'_> {
         self.space();
         let Some((token, rest)) = tokens.split_first() else {
             let start = self.at;
-            self.value(depth)?;
+            if self.peek() == Some(b'"') {
+                self.escaped = self.string()?.1;
+            } else {
+                self.value(depth)?;
+            }
             return Ok(Some(start..self.at));
         };
         match self.peek() {
             Some(b'{') => {
                 let mut found = None;
-                self.members(depth, |scan, key| {
-                    let matches = if key.contains(&b'\\') {
+                self.members(depth, |scan, key, escaped| {
+                    let matches = if escaped {
                         unescaped(key) == *token
                     } else {
                         key == token.as_bytes()
@@ -202,26 +213,17 @@ impl Scan<'_> {
 
     /// Skips one value (after any space).
     fn value(&mut self, depth: usize) -> Result<(), ParseWhole> {
-        self.space();
-        match self.peek() {
-            Some(b'{') => self.members(depth, |scan, _| scan.value(depth + 1)),
-            Some(b'[') => self.elements(depth, |scan| scan.value(depth + 1)),
-            Some(b'"') => self.string().map(|_| ()),
-            Some(b'-' | b'0'..=b'9') => self.number(),
-            Some(b't') => self.word(b"true"),
-            Some(b'f') => self.word(b"false"),
-            Some(b'n') => self.word(b"null"),
-            _ => Err(ParseWhole),
-        }
+        self.at = skip(self.bytes, self.at, depth, &mut self.non_ascii)?;
+        Ok(())
     }
 
     /// An object here: `member` is called after each key and its colon,
-    /// with the key's text as written (escapes included), and reads the
-    /// value.
+    /// with the key's text as written and whether it holds escapes, and
+    /// reads the value.
     fn members(
         &mut self,
         depth: usize,
-        mut member: impl FnMut(&mut Self, &[u8]) -> Result<(), ParseWhole>,
+        mut member: impl FnMut(&mut Self, &[u8], bool) -> Result<(), ParseWhole>,
     ) -> Result<(), ParseWhole> {
         if depth >= MAX_DEPTH {
             return Err(ParseWhole);
@@ -237,11 +239,11 @@ impl Scan<'_> {
             if self.peek() != Some(b'"') {
                 return Err(ParseWhole);
             }
-            let key = self.string()?;
+            let (key, escaped) = self.string()?;
             let bytes = self.bytes;
             let key = &bytes[key.start + 1..key.end - 1];
             self.expect(b':')?;
-            member(self, key)?;
+            member(self, key, escaped)?;
             self.space();
             match self.peek() {
                 Some(b',') => self.at += 1,
@@ -283,135 +285,264 @@ impl Scan<'_> {
         }
     }
 
-    /// A string here, quotes included.
-    fn string(&mut self) -> Result<Range<usize>, ParseWhole> {
+    /// A string here, quotes included, and whether it holds escapes.
+    fn string(&mut self) -> Result<(Range<usize>, bool), ParseWhole> {
         let start = self.at;
-        self.at += 1;
-        loop {
-            self.plain();
-            let Some(byte) = self.peek() else {
-                return Err(ParseWhole);
-            };
-            self.at += 1;
-            match byte {
-                b'"' => return Ok(start..self.at),
-                b'\\' => self.escape()?,
-                0x00..=0x1f => return Err(ParseWhole),
-                0x80..=0xff => self.non_ascii = true,
-                _ => {}
-            }
-        }
+        let (end, escaped) = string(self.bytes, start, &mut self.non_ascii)?;
+        self.at = end;
+        Ok((start..end, escaped))
     }
+}
 
-    /// Skips the bytes of a string that need no look: eight at a time
-    /// while none of them is a quote, a backslash, a control character or
-    /// past ASCII.
-    fn plain(&mut self) {
-        const ONES: u64 = 0x0101_0101_0101_0101;
-        const HIGH: u64 = 0x8080_8080_8080_8080;
-        // Sets the high bit of each byte that is zero (and maybe of the
-        // bytes after one that is).
-        let zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGH;
-        while let Some(chunk) = self.bytes.get(self.at..self.at + 8) {
-            let word = u64::from_le_bytes(chunk.try_into().expect("eight bytes"));
-            let special = zero(word ^ (ONES * u64::from(b'"')))
-                | zero(word ^ (ONES * u64::from(b'\\')))
-                | (word.wrapping_sub(ONES * 0x20) & !word & HIGH)
-                | (word & HIGH);
-            if special != 0 {
-                // The first special byte (little-endian: the lowest).
-                self.at += special.trailing_zeros() as usize / 8;
-                return;
-            }
-            self.at += 8;
-        }
-        while let Some(b' '..=b'!' | b'#'..=b'[' | b']'..=0x7f) = self.peek() {
-            self.at += 1;
-        }
+// What a value is skipped with: each takes where to start and answers where
+// it stopped, so the position stays in a register rather than in memory
+// (in Wasm, linear memory), and `skip` goes through nested values in one
+// loop rather than by recursion.
+
+/// Past any space from `at`.
+fn space(bytes: &[u8], mut at: usize) -> usize {
+    while let Some(b' ' | b'\t' | b'\n' | b'\r') = bytes.get(at) {
+        at += 1;
     }
+    at
+}
 
-    /// After a backslash. A surrogate (`\uD800` to `\uDFFF`) is left to a
-    /// full parse, which knows whether it is half of a pair.
-    fn escape(&mut self) -> Result<(), ParseWhole> {
-        let byte = self.peek().ok_or(ParseWhole)?;
-        self.at += 1;
-        match byte {
-            b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => Ok(()),
-            b'u' => {
-                let hex = self.bytes.get(self.at..self.at + 4).ok_or(ParseWhole)?;
-                let hex = std::str::from_utf8(hex).map_err(|_| ParseWhole)?;
-                if !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
-                    return Err(ParseWhole);
+/// Past one value at `at` (after any space) that is nested `depth` deep.
+fn skip(
+    bytes: &[u8],
+    mut at: usize,
+    depth: usize,
+    non_ascii: &mut bool,
+) -> Result<usize, ParseWhole> {
+    // Bit n: whether the n-th container open within the value is an array
+    // (fewer than MAX_DEPTH are).
+    let mut arrays: u128 = 0;
+    let mut open = 0;
+    loop {
+        // A value here.
+        at = space(bytes, at);
+        match bytes.get(at) {
+            Some(b'{' | b'[') if depth + open >= MAX_DEPTH => return Err(ParseWhole),
+            Some(b'{') => {
+                at = space(bytes, at + 1);
+                if bytes.get(at) == Some(&b'}') {
+                    at += 1;
+                } else {
+                    arrays &= !(1 << open);
+                    open += 1;
+                    at = member_key(bytes, at, non_ascii)?;
+                    continue;
                 }
-                let unit = u16::from_str_radix(hex, 16).map_err(|_| ParseWhole)?;
-                if (0xD800..=0xDFFF).contains(&unit) {
-                    return Err(ParseWhole);
-                }
-                self.at += 4;
-                Ok(())
             }
-            _ => Err(ParseWhole),
-        }
-    }
-
-    /// `-?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?`; a number a float
-    /// may not hold (an exponent, or very many digits) is left to a full
-    /// parse unless it is surely within range.
-    fn number(&mut self) -> Result<(), ParseWhole> {
-        let start = self.at;
-        if self.peek() == Some(b'-') {
-            self.at += 1;
-        }
-        match self.peek() {
-            Some(b'0') => self.at += 1,
-            Some(b'1'..=b'9') => self.digits(),
+            Some(b'[') => {
+                at = space(bytes, at + 1);
+                if bytes.get(at) == Some(&b']') {
+                    at += 1;
+                } else {
+                    arrays |= 1 << open;
+                    open += 1;
+                    continue;
+                }
+            }
+            Some(b'"') => at = string(bytes, at, non_ascii)?.0,
+            Some(b'-' | b'0'..=b'9') => at = number(bytes, at)?,
+            Some(b't') => at = word(bytes, at, b"true")?,
+            Some(b'f') => at = word(bytes, at, b"false")?,
+            Some(b'n') => at = word(bytes, at, b"null")?,
             _ => return Err(ParseWhole),
         }
-        let mut plain = true;
-        if self.peek() == Some(b'.') {
-            self.at += 1;
-            if !matches!(self.peek(), Some(b'0'..=b'9')) {
-                return Err(ParseWhole);
+        // After a value: the containers it ends, then the next element, or
+        // the next member's key.
+        loop {
+            if open == 0 {
+                return Ok(at);
             }
-            self.digits();
-        }
-        if let Some(b'e' | b'E') = self.peek() {
-            plain = false;
-            self.at += 1;
-            if let Some(b'+' | b'-') = self.peek() {
-                self.at += 1;
+            at = space(bytes, at);
+            let array = (arrays >> (open - 1)) & 1 == 1;
+            match bytes.get(at) {
+                Some(b',') if array => {
+                    at += 1;
+                    break;
+                }
+                Some(b',') => {
+                    at = member_key(bytes, space(bytes, at + 1), non_ascii)?;
+                    break;
+                }
+                Some(b']') if array => {
+                    at += 1;
+                    open -= 1;
+                }
+                Some(b'}') if !array => {
+                    at += 1;
+                    open -= 1;
+                }
+                _ => return Err(ParseWhole),
             }
-            if !matches!(self.peek(), Some(b'0'..=b'9')) {
-                return Err(ParseWhole);
-            }
-            self.digits();
-        }
-        let text = &self.bytes[start..self.at];
-        if !plain || text.len() > 300 {
-            let number: f64 = std::str::from_utf8(text)
-                .ok()
-                .and_then(|t| t.parse().ok())
-                .ok_or(ParseWhole)?;
-            if number.abs() >= 1e300 {
-                return Err(ParseWhole);
-            }
-        }
-        Ok(())
-    }
-
-    fn digits(&mut self) {
-        while let Some(b'0'..=b'9') = self.peek() {
-            self.at += 1;
         }
     }
+}
 
-    fn word(&mut self, word: &[u8]) -> Result<(), ParseWhole> {
-        if self.bytes[self.at..].starts_with(word) {
-            self.at += word.len();
-            Ok(())
-        } else {
-            Err(ParseWhole)
+/// Past a member's key at `at` and its colon.
+fn member_key(bytes: &[u8], at: usize, non_ascii: &mut bool) -> Result<usize, ParseWhole> {
+    if bytes.get(at) != Some(&b'"') {
+        return Err(ParseWhole);
+    }
+    let (end, _) = string(bytes, at, non_ascii)?;
+    let end = space(bytes, end);
+    if bytes.get(end) != Some(&b':') {
+        return Err(ParseWhole);
+    }
+    Ok(end + 1)
+}
+
+/// Past the string at `start` (its opening quote), and whether it holds
+/// escapes.
+fn string(bytes: &[u8], start: usize, non_ascii: &mut bool) -> Result<(usize, bool), ParseWhole> {
+    let mut at = start + 1;
+    let mut escaped = false;
+    loop {
+        at = plain(bytes, at);
+        let Some(&byte) = bytes.get(at) else {
+            return Err(ParseWhole);
+        };
+        at += 1;
+        match byte {
+            b'"' => return Ok((at, escaped)),
+            b'\\' => {
+                escaped = true;
+                at = escape(bytes, at)?;
+            }
+            0x00..=0x1f => return Err(ParseWhole),
+            0x80..=0xff => *non_ascii = true,
+            _ => {}
         }
+    }
+}
+
+/// Past the bytes of a string that need no look: eight at a time while
+/// none of them is a quote, a backslash, a control character or past
+/// ASCII.
+fn plain(bytes: &[u8], mut at: usize) -> usize {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    // Sets the high bit of each byte that is zero (and maybe of the bytes
+    // after one that is).
+    let zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGH;
+    while let Some(chunk) = bytes.get(at..at + 8) {
+        let word = u64::from_le_bytes(chunk.try_into().expect("eight bytes"));
+        let special = zero(word ^ (ONES * u64::from(b'"')))
+            | zero(word ^ (ONES * u64::from(b'\\')))
+            | (word.wrapping_sub(ONES * 0x20) & !word & HIGH)
+            | (word & HIGH);
+        if special != 0 {
+            // The first special byte (little-endian: the lowest).
+            return at + special.trailing_zeros() as usize / 8;
+        }
+        at += 8;
+    }
+    while let Some(b' '..=b'!' | b'#'..=b'[' | b']'..=0x7f) = bytes.get(at) {
+        at += 1;
+    }
+    at
+}
+
+/// Past an escape, `at` being after its backslash. A surrogate (`\uD800`
+/// to `\uDFFF`) is left to a full parse, which knows whether it is half of
+/// a pair.
+fn escape(bytes: &[u8], at: usize) -> Result<usize, ParseWhole> {
+    match bytes.get(at) {
+        Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => Ok(at + 1),
+        Some(b'u') => {
+            let hex = bytes.get(at + 1..at + 5).ok_or(ParseWhole)?;
+            let hex = std::str::from_utf8(hex).map_err(|_| ParseWhole)?;
+            if !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(ParseWhole);
+            }
+            let unit = u16::from_str_radix(hex, 16).map_err(|_| ParseWhole)?;
+            if (0xD800..=0xDFFF).contains(&unit) {
+                return Err(ParseWhole);
+            }
+            Ok(at + 5)
+        }
+        _ => Err(ParseWhole),
+    }
+}
+
+/// Past the number at `start`:
+/// `-?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?`; a number a float may
+/// not hold (an exponent, or very many digits) is left to a full parse
+/// unless it is surely within range.
+fn number(bytes: &[u8], start: usize) -> Result<usize, ParseWhole> {
+    let mut at = start;
+    if bytes.get(at) == Some(&b'-') {
+        at += 1;
+    }
+    match bytes.get(at) {
+        Some(b'0') => at += 1,
+        Some(b'1'..=b'9') => at = digits(bytes, at),
+        _ => return Err(ParseWhole),
+    }
+    let mut plain = true;
+    if bytes.get(at) == Some(&b'.') {
+        at += 1;
+        if !matches!(bytes.get(at), Some(b'0'..=b'9')) {
+            return Err(ParseWhole);
+        }
+        at = digits(bytes, at);
+    }
+    if let Some(b'e' | b'E') = bytes.get(at) {
+        plain = false;
+        at += 1;
+        if let Some(b'+' | b'-') = bytes.get(at) {
+            at += 1;
+        }
+        if !matches!(bytes.get(at), Some(b'0'..=b'9')) {
+            return Err(ParseWhole);
+        }
+        at = digits(bytes, at);
+    }
+    let text = &bytes[start..at];
+    if !plain || text.len() > 300 {
+        let number: f64 = std::str::from_utf8(text)
+            .ok()
+            .and_then(|t| t.parse().ok())
+            .ok_or(ParseWhole)?;
+        if number.abs() >= 1e300 {
+            return Err(ParseWhole);
+        }
+    }
+    Ok(at)
+}
+
+/// Past the digits from `at`: eight at a time while all eight are.
+fn digits(bytes: &[u8], mut at: usize) -> usize {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    while let Some(chunk) = bytes.get(at..at + 8) {
+        let word = u64::from_le_bytes(chunk.try_into().expect("eight bytes"));
+        // A byte is a digit when its high nibble is 3 and its low one below
+        // 10: (b & 0xF0) == 0x30 and ((b & 0x0F) + 6) & 0x10 == 0.
+        let high_nibbles = (word & (ONES * 0xF0)) ^ (ONES * 0x30);
+        let past_nine = (word & (ONES * 0x0F)).wrapping_add(ONES * 6) & (ONES * 0x10);
+        let other = high_nibbles | past_nine;
+        if other != 0 {
+            // The first byte that is not a digit (little-endian: the
+            // lowest set bit's byte).
+            return at + other.trailing_zeros() as usize / 8;
+        }
+        at += 8;
+    }
+    while let Some(b'0'..=b'9') = bytes.get(at) {
+        at += 1;
+    }
+    at
+}
+
+/// Past `word` at `at`.
+fn word(bytes: &[u8], at: usize, word: &[u8]) -> Result<usize, ParseWhole> {
+    if bytes[at..].starts_with(word) {
+        Ok(at + word.len())
+    } else {
+        Err(ParseWhole)
     }
 }
 
@@ -453,6 +584,14 @@ mod tests {
                     "{pointer} in {:?}",
                     String::from_utf8_lossy(document)
                 );
+                // And the text there, escapes or not.
+                let text = JsonPointer::parse(pointer).unwrap().text_in(document);
+                assert_eq!(
+                    text.map(|t| t.map(|t| t.into_owned())),
+                    Ok(found.and_then(|v| v.as_str().map(str::to_string))),
+                    "{pointer} in {:?}",
+                    String::from_utf8_lossy(document)
+                );
             }
             (Ok(_), Err(error)) => panic!(
                 "the scan vouched for {:?}, which a full parse refuses: {error}",
@@ -474,6 +613,9 @@ mod tests {
             br#"{"big":1e400}"#,
             br#"{"long":123456789012345678901234567890}"#,
             "{\"utf8\":\"caf\u{e9} \u{1F600}\"}".as_bytes(),
+            br#"{"user":"u\"1","event":"navi.trip\u005ffinished\n","event":"x\/y"}"#,
+            // Runs of digits across the eight-byte steps.
+            br#"{"n":[1234567,12345678,123456789,1234567890123456,0.12345678901,9e99]}"#,
         ];
         let pointers = [
             "",
@@ -492,11 +634,13 @@ mod tests {
             "/big",
             "/long",
             "/utf8",
+            "/n/3",
             "/t/x",
             "/missing",
         ];
         // Each document, and each of its prefixes and one-byte changes.
-        let replacements: &[u8] = b" \"\\{}[],:0-1.eE+tnu\x00\x1f\xff\xc3";
+        // `/` and `:` are the bytes either side of the digits.
+        let replacements: &[u8] = b" \"\\{}[],:0-1.eE+tnu/\x00\x1f\xff\xc3";
         for document in documents {
             let mut variants: Vec<Vec<u8>> = vec![document.to_vec()];
             for end in 0..document.len() {

@@ -43,7 +43,7 @@ use crate::event::Envelope;
 use crate::ingest::{self, Plan};
 use crate::registry::Registry;
 use crate::store::{
-    Batch, Effect, EventsStep, HistoryBackfill, HistoryStep, Message, Store, StoredItem,
+    Batch, Effect, EventsStep, HistoryBackfill, HistoryStep, Lease, Message, Store, StoredItem,
 };
 
 /// How long a worker holds a backfill without recording a step.
@@ -138,11 +138,11 @@ pub struct Backfiller {
     /// A connection of its own that reads the next step's items while
     /// `store` applies this one's (made at the first step).
     reads: Option<Store>,
-    /// The lease this worker holds while it walks (award, started_at, when
-    /// it was last renewed): one a failed step left is released at the next
-    /// [`Backfiller::work`] while it is surely still this worker's, so the
-    /// walk resumes at once rather than when the lease lapses.
-    held: Option<(String, chrono::DateTime<chrono::Utc>, std::time::Instant)>,
+    /// The lease this worker holds while it walks: one a failed step left
+    /// is released at the next [`Backfiller::work`] (if it is still this
+    /// worker's), so the walk resumes at once rather than when the lease
+    /// lapses.
+    held: Option<Lease>,
 }
 
 impl Backfiller {
@@ -176,22 +176,13 @@ impl Backfiller {
         progress: impl FnMut(&HistoryBackfill),
     ) -> anyhow::Result<Option<HistoryBackfill>> {
         self.store.heal().await?;
-        if let Some((award, started_at, renewed)) = &self.held {
-            if renewed.elapsed() < LEASE / 2 {
-                self.store
-                    .release_history_backfill(award, *started_at)
-                    .await?;
-            }
-            self.held = None;
+        if let Some(lease) = self.held.take() {
+            self.store.release_history_backfill(&lease).await?;
         }
         let Some(backfill) = self.store.claim_history_backfill(award_id, LEASE).await? else {
             return Ok(None);
         };
-        self.held = Some((
-            backfill.award_id.clone(),
-            backfill.started_at,
-            std::time::Instant::now(),
-        ));
+        self.held = Some(backfill.lease());
         let walked = self.walk(backfill, stop, progress).await;
         if walked.is_ok() {
             self.held = None;
@@ -218,14 +209,7 @@ impl Backfiller {
                     };
                     let after = backfill.after.clone();
                     self.store
-                        .record_history_step(
-                            &backfill.award_id,
-                            backfill.started_at,
-                            &after,
-                            &step,
-                            true,
-                            LEASE,
-                        )
+                        .record_history_step(&backfill.lease(), &after, &step, true, LEASE)
                         .await?;
                     return Ok(self.store.history_backfill(&backfill.award_id).await?);
                 }
@@ -281,14 +265,7 @@ impl Backfiller {
             let stepped = stepping.elapsed();
             let recorded = self
                 .store
-                .record_history_step(
-                    &backfill.award_id,
-                    backfill.started_at,
-                    &after,
-                    &step,
-                    false,
-                    LEASE,
-                )
+                .record_history_step(&backfill.lease(), &after, &step, false, LEASE)
                 .await?;
             if !recorded {
                 return self.lost(&backfill).await;
@@ -300,7 +277,6 @@ impl Backfiller {
                 step_ms = stepped.as_secs_f64() * 1000.0,
                 record_ms = (stepping.elapsed() - stepped).as_secs_f64() * 1000.0,
             );
-            self.renewed();
             backfill.after = after;
             backfill.done += step.done;
             backfill.changed += step.changed;
@@ -314,8 +290,7 @@ impl Backfiller {
                 if !self
                     .store
                     .start_history_events(
-                        &backfill.award_id,
-                        backfill.started_at,
+                        &backfill.lease(),
                         &positions,
                         from_start,
                         note.as_deref(),
@@ -347,18 +322,11 @@ impl Backfiller {
             let finished = next.is_none();
             if !self
                 .store
-                .record_events_step(
-                    &backfill.award_id,
-                    backfill.started_at,
-                    &step,
-                    finished,
-                    LEASE,
-                )
+                .record_events_step(&backfill.lease(), &step, finished, LEASE)
                 .await?
             {
                 return self.lost(&backfill).await;
             }
-            self.renewed();
             if let (Some((key, next)), Some(positions)) =
                 (&step.position, backfill.positions.as_mut())
                 && let Some(position) = positions.get_mut(key)
@@ -385,19 +353,12 @@ impl Backfiller {
         }
     }
 
-    /// The lease held was just renewed.
-    fn renewed(&mut self) {
-        if let Some(held) = &mut self.held {
-            held.2 = std::time::Instant::now();
-        }
-    }
-
     async fn release(
         &mut self,
         backfill: HistoryBackfill,
     ) -> anyhow::Result<Option<HistoryBackfill>> {
         self.store
-            .release_history_backfill(&backfill.award_id, backfill.started_at)
+            .release_history_backfill(&backfill.lease())
             .await?;
         Ok(Some(backfill))
     }

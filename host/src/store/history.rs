@@ -46,9 +46,31 @@ pub struct HistoryBackfill {
     pub events_note: Option<String>,
     pub started_at: DateTime<Utc>,
     pub finished_at: Option<DateTime<Utc>>,
+    /// The token of the claim that holds its lease, if one was taken:
+    /// steps and the release are recorded only with it.
+    pub lease_owner: Option<String>,
+}
+
+/// A claimed backfill's lease: which run of which award, under which
+/// claim's token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Lease {
+    pub award_id: String,
+    pub started_at: DateTime<Utc>,
+    pub owner: String,
 }
 
 impl HistoryBackfill {
+    /// Its lease as its claim took it (one never claimed has no token, and
+    /// records nothing).
+    pub fn lease(&self) -> Lease {
+        Lease {
+            award_id: self.award_id.clone(),
+            started_at: self.started_at,
+            owner: self.lease_owner.clone().unwrap_or_default(),
+        }
+    }
+
     /// Percent done: of the items there were at the start, then of the
     /// retained events (items added since are walked too, so it holds at
     /// 99.9 until it ends).
@@ -94,7 +116,8 @@ pub struct HistoryStep {
 
 const COLUMNS: &str = "award_id, award_version, sources, next_user, next_source, next_content,
      total, done, changed, unrecoverable, failed, last_failure, started_at, finished_at,
-     positions, events_total, events_done, events_applied, events_from, from_start, events_note";
+     positions, events_total, events_done, events_applied, events_from, from_start, events_note,
+     lease_owner";
 
 fn backfill_from(row: &tokio_postgres::Row) -> HistoryBackfill {
     HistoryBackfill {
@@ -119,6 +142,7 @@ fn backfill_from(row: &tokio_postgres::Row) -> HistoryBackfill {
         events_from: row.get(18),
         from_start: row.get(19),
         events_note: row.get(20),
+        lease_owner: row.get(21),
     }
 }
 
@@ -158,7 +182,7 @@ impl Store {
                          done = 0, changed = 0, unrecoverable = 0, failed = 0, last_failure = NULL,
                          positions = NULL, events_total = 0, events_done = 0, events_applied = 0,
                          events_from = NULL, from_start = true, events_note = NULL,
-                         lease_until = NULL, started_at = now(), finished_at = NULL
+                         lease_until = NULL, lease_owner = NULL, started_at = now(), finished_at = NULL
                      RETURNING {COLUMNS}"
                 ),
                 &[&award_id, &version, &sources],
@@ -169,7 +193,8 @@ impl Store {
     }
 
     /// Takes the lease of an unfinished backfill (`award_id`'s, or the
-    /// oldest) that no one holds, for `lease`.
+    /// oldest) that no one holds, for `lease`, under a new token
+    /// ([`HistoryBackfill::lease_owner`]).
     pub async fn claim_history_backfill(
         &self,
         award_id: Option<&str>,
@@ -180,7 +205,8 @@ impl Store {
             .client()
             .query_opt(
                 &format!(
-                    "UPDATE history_backfills SET lease_until = now() + make_interval(secs => $2)
+                    "UPDATE history_backfills SET lease_until = now() + make_interval(secs => $2),
+                         lease_owner = gen_random_uuid()::text
                      WHERE award_id = (
                          SELECT award_id FROM history_backfills
                          WHERE finished_at IS NULL AND ($1::text IS NULL OR award_id = $1)
@@ -266,8 +292,7 @@ impl Store {
     /// message. False when the lease was lost.
     pub async fn start_history_events(
         &self,
-        award_id: &str,
-        started_at: DateTime<Utc>,
+        lease: &Lease,
         positions: &BTreeMap<String, (i64, i64)>,
         from_start: bool,
         note: Option<&str>,
@@ -278,8 +303,16 @@ impl Store {
             .client()
             .execute(
                 "UPDATE history_backfills SET positions = $3, events_total = $4, from_start = $5, events_note = $6
-                 WHERE award_id = $1 AND started_at = $2 AND finished_at IS NULL",
-                &[&award_id, &started_at, &json, &total, &from_start, &note],
+                 WHERE award_id = $1 AND started_at = $2 AND finished_at IS NULL AND lease_owner = $7",
+                &[
+                    &lease.award_id,
+                    &lease.started_at,
+                    &json,
+                    &total,
+                    &from_start,
+                    &note,
+                    &lease.owner,
+                ],
             )
             .await
             .context("starting a backfill's analytics phase")?;
@@ -290,13 +323,12 @@ impl Store {
     /// does for items).
     pub async fn record_events_step(
         &self,
-        award_id: &str,
-        started_at: DateTime<Utc>,
+        lease: &Lease,
         step: &EventsStep,
         finished: bool,
-        lease: Duration,
+        renew_for: Duration,
     ) -> Result<bool, StoreError> {
-        let seconds = lease.as_secs_f64();
+        let seconds = renew_for.as_secs_f64();
         let (key, next) = step.position.clone().unwrap_or_default();
         let n = self
             .client()
@@ -309,10 +341,10 @@ impl Store {
                      events_from = least(events_from, $9),
                      lease_until = CASE WHEN $10 THEN NULL ELSE now() + make_interval(secs => $11) END,
                      finished_at = CASE WHEN $10 THEN now() END
-                 WHERE award_id = $1 AND started_at = $2 AND finished_at IS NULL",
+                 WHERE award_id = $1 AND started_at = $2 AND finished_at IS NULL AND lease_owner = $12",
                 &[
-                    &award_id,
-                    &started_at,
+                    &lease.award_id,
+                    &lease.started_at,
                     &key,
                     &next,
                     &step.done,
@@ -322,6 +354,7 @@ impl Store {
                     &step.oldest,
                     &finished,
                     &seconds,
+                    &lease.owner,
                 ],
             )
             .await
@@ -335,14 +368,13 @@ impl Store {
     /// over): the caller stops.
     pub async fn record_history_step(
         &self,
-        award_id: &str,
-        started_at: DateTime<Utc>,
+        lease: &Lease,
         after: &(String, String, String),
         step: &HistoryStep,
         finished: bool,
-        lease: Duration,
+        renew_for: Duration,
     ) -> Result<bool, StoreError> {
-        let seconds = lease.as_secs_f64();
+        let seconds = renew_for.as_secs_f64();
         let n = self
             .client()
             .execute(
@@ -351,10 +383,10 @@ impl Store {
                      failed = failed + $9, last_failure = coalesce($10, last_failure),
                      lease_until = CASE WHEN $11 THEN NULL ELSE now() + make_interval(secs => $12) END,
                      finished_at = CASE WHEN $11 THEN now() END
-                 WHERE award_id = $1 AND started_at = $2 AND finished_at IS NULL",
+                 WHERE award_id = $1 AND started_at = $2 AND finished_at IS NULL AND lease_owner = $13",
                 &[
-                    &award_id,
-                    &started_at,
+                    &lease.award_id,
+                    &lease.started_at,
                     &after.0,
                     &after.1,
                     &after.2,
@@ -365,6 +397,7 @@ impl Store {
                     &step.last_failure,
                     &finished,
                     &seconds,
+                    &lease.owner,
                 ],
             )
             .await
@@ -372,16 +405,14 @@ impl Store {
         Ok(n == 1)
     }
 
-    /// Gives the lease back (a worker stopping mid-way).
-    pub async fn release_history_backfill(
-        &self,
-        award_id: &str,
-        started_at: DateTime<Utc>,
-    ) -> Result<(), StoreError> {
+    /// Gives the lease back (a worker stopping mid-way), if it still holds
+    /// it: one taken over since stays with its new holder.
+    pub async fn release_history_backfill(&self, lease: &Lease) -> Result<(), StoreError> {
         self.client()
             .execute(
-                "UPDATE history_backfills SET lease_until = NULL WHERE award_id = $1 AND started_at = $2",
-                &[&award_id, &started_at],
+                "UPDATE history_backfills SET lease_until = NULL, lease_owner = NULL
+                 WHERE award_id = $1 AND started_at = $2 AND lease_owner = $3",
+                &[&lease.award_id, &lease.started_at, &lease.owner],
             )
             .await
             .context("releasing a backfill")?;

@@ -29,7 +29,7 @@ pub use counters::{
 };
 pub use dead_letters::{DeadLetterRow, HeldObjective, LetterFilter, StoredLetter};
 pub use functions::{FunctionRow, FunctionVersion, LiveChange, PushOutcome};
-pub use history::{EventsStep, HistoryBackfill, HistoryStep, StoredItem};
+pub use history::{EventsStep, HistoryBackfill, HistoryStep, Lease, StoredItem};
 pub use migrations::MIGRATIONS;
 pub use notifications::{Delivery, NotificationRow, Webhook};
 pub use pipelines::{PIPELINES_CHANNEL, PipelineRow};

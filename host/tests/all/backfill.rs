@@ -443,3 +443,103 @@ async fn a_backfill_counts_the_retained_analytics_events_once_each() {
     assert_eq!(metres(&p, "ten-km").await, expected);
     p.stop().await;
 }
+
+/// Two workers, one backfill: the worker whose lease lapsed (a step that
+/// stalled) and was taken over records nothing more, and cannot give back
+/// the lease it lost; its holder's steps go on.
+#[tokio::test]
+async fn a_worker_whose_lease_was_taken_over_records_nothing_and_releases_nothing() {
+    use laurel::backfill::LEASE;
+    use laurel::store::HistoryStep;
+
+    let p = Pipeline::start(EXISTING, &["photos"]).await;
+    let store = p.db.store().await;
+    store
+        .request_history_backfill("photographer", 1, &["photos".to_string()])
+        .await
+        .unwrap()
+        .expect("the award exists");
+    let first = store
+        .claim_history_backfill(None, Duration::from_millis(300))
+        .await
+        .unwrap()
+        .expect("claimed");
+    assert!(
+        store
+            .claim_history_backfill(None, LEASE)
+            .await
+            .unwrap()
+            .is_none(),
+        "a held lease is not claimed again"
+    );
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let second = store
+        .claim_history_backfill(None, LEASE)
+        .await
+        .unwrap()
+        .expect("taken over once the lease lapsed");
+    assert_ne!(first.lease_owner, second.lease_owner);
+
+    let after = (
+        "u-001".to_string(),
+        "photos".to_string(),
+        "u-001-p-1".to_string(),
+    );
+    let step = |done| HistoryStep {
+        done,
+        ..HistoryStep::default()
+    };
+    // The stalled worker's step, and its analytics phase: not recorded.
+    assert!(
+        !store
+            .record_history_step(&first.lease(), &after, &step(5), false, LEASE)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .start_history_events(&first.lease(), &BTreeMap::new(), true, None)
+            .await
+            .unwrap()
+    );
+    // Its release leaves the lease with the worker that took over.
+    store
+        .release_history_backfill(&first.lease())
+        .await
+        .unwrap();
+    assert!(
+        store
+            .claim_history_backfill(None, LEASE)
+            .await
+            .unwrap()
+            .is_none(),
+        "still the second worker's"
+    );
+    assert!(
+        store
+            .record_history_step(&second.lease(), &after, &step(3), false, LEASE)
+            .await
+            .unwrap()
+    );
+    let now = store
+        .history_backfill("photographer")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((now.done, now.after.clone()), (3, after));
+    assert_eq!(now.lease_owner, second.lease_owner);
+
+    // Given back by its holder, it is claimed again at once.
+    store
+        .release_history_backfill(&second.lease())
+        .await
+        .unwrap();
+    assert!(
+        store
+            .claim_history_backfill(None, LEASE)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    p.stop().await;
+}

@@ -946,10 +946,12 @@ pub(super) async fn pipelines(
                 .into_iter()
                 .find(|p| p.name == name)
                 .ok_or_else(|| anyhow::anyhow!("no pipeline named {name}"))?;
+            let key = crate::ingest::prefilter::ReplayKey::load(&store).await?;
             let report = crate::ingest::prefilter::replay(
                 &kafka_brokers,
                 crate::ingest::GROUP_PREFIX,
                 &pipeline,
+                &key,
             )
             .await?;
             println!(

@@ -95,6 +95,16 @@ impl Store {
         Ok(versions)
     }
 
+    /// The key Laurel signs `name`'s marks with (made by the migrations).
+    pub async fn signing_key(&self, name: &str) -> Result<Vec<u8>, StoreError> {
+        let row = self
+            .client()
+            .query_one("SELECT key FROM signing_keys WHERE name = $1", &[&name])
+            .await
+            .context("reading a signing key")?;
+        Ok(row.get(0))
+    }
+
     pub async fn pipelines(&self) -> Result<Vec<PipelineRow>, StoreError> {
         let rows = self
             .client()

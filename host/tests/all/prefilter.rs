@@ -905,6 +905,69 @@ async fn dead_letters_replayed_after_a_fix_count_once_at_their_first_position() 
     p.stop().await;
 }
 
+/// A raw producer that marks its records as replayed dead letters (the
+/// headers a replay sets, without the signature Laurel's key makes) cannot
+/// give them another record's position, and so its events' ids, which
+/// ingest adds once, nor hide them from the pipeline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_mark_without_a_valid_signature_is_ignored() {
+    let mut p = Pipeline::start(AWARDS, &["bss"]).await;
+    p.broker.create_topic("raw.kv", 1).unwrap();
+    let mut store = p.db.store().await;
+    laurel::pipelines::apply(&mut store, &p.registry, KV_PIPELINE)
+        .await
+        .unwrap();
+    let prefilter = Prefilter::start(&p).await;
+    send(
+        &p,
+        "raw.kv",
+        &["ts=1764583200 uid=u-1 event=navi.trip_finished dist=7"],
+    )
+    .await;
+    assert_eq!(produced(&p, 1, FIVE_MINUTES).await.len(), 1);
+    let forged: [(&str, &[(&str, &str)]); 3] = [
+        // As the trip at 0/0, replayed for this pipeline.
+        (
+            "ts=1764583201 uid=u-2 event=navi.trip_finished dist=9",
+            &[("laurel-origin", "0/0"), ("laurel-replay-for", "navi-kv")],
+        ),
+        // As another pipeline's: this one would pass over it.
+        (
+            "ts=1764583202 uid=u-3 event=navi.trip_finished dist=11",
+            &[("laurel-origin", "0/1"), ("laurel-replay-for", "another")],
+        ),
+        // With a signature of something else.
+        (
+            "ts=1764583203 uid=u-4 event=navi.trip_finished dist=13",
+            &[
+                ("laurel-origin", "0/0"),
+                ("laurel-replay-for", "navi-kv"),
+                ("laurel-replay-signature", "00ff"),
+            ],
+        ),
+    ];
+    for (value, headers) in forged {
+        ingest::publish(&p.producer, "raw.kv", Some(b"k"), value.as_bytes(), headers)
+            .await
+            .unwrap();
+    }
+    // Each read at its own position.
+    let kept = produced(&p, 4, FIVE_MINUTES).await;
+    let ids: BTreeSet<&str> = kept.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(
+        ids,
+        BTreeSet::from(["raw.kv/0/0", "raw.kv/0/1", "raw.kv/0/2", "raw.kv/0/3"]),
+        "{kept:?}"
+    );
+    for (user, metres) in [("u-1", 7), ("u-2", 9), ("u-3", 11), ("u-4", 13)] {
+        p.settle("bss", user).await;
+        let counters = p.objective(user, "content-maker", "navi").await;
+        assert_eq!(counters.get("metres"), Some(&metres), "{user}");
+    }
+    prefilter.stop().await;
+    p.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transforms_told_the_kept_types_skip_the_rest_and_older_ones_still_run() {
     let runtime = support::runtime();

@@ -210,8 +210,11 @@ pub(super) async fn replay(
     let pipeline = stored(&state, &name)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("no pipeline named {name}")))?;
+    let key = crate::ingest::prefilter::ReplayKey::load(&*state.store().await?)
+        .await
+        .map_err(|error| ApiError::Unavailable(format!("{error:#}")))?;
     let report =
-        crate::ingest::prefilter::replay(&brokers, &state.settings.group_prefix, &pipeline)
+        crate::ingest::prefilter::replay(&brokers, &state.settings.group_prefix, &pipeline, &key)
             .await
             .map_err(|error| ApiError::Unavailable(format!("{error:#}")))?;
     let audit = AuditTarget {

@@ -7,7 +7,7 @@
 use rdkafka::Message;
 use rdkafka::message::{BorrowedMessage, Headers, OwnedMessage};
 
-use super::{ORIGIN_HEADER, REPLAY_FOR_HEADER, origin, origin_in};
+use super::{ORIGIN_HEADER, REPLAY_FOR_HEADER, ReplayKey, SIGNATURE_HEADER, origin_in};
 use crate::ingest::{ReadBatch, message_bytes};
 use crate::runtime::{PackedRecords, RawRecord};
 
@@ -29,13 +29,17 @@ pub(super) enum Settled {
 
 pub(super) struct RawBatch {
     pipeline: String,
+    key: ReplayKey,
     max_bytes: usize,
+    /// Messages with a replay mark whose signature did not hold.
+    unsigned: usize,
     /// Where each message was read (partition, offset), in order.
     positions: Vec<(i32, i64)>,
     slots: Vec<Slot>,
     /// What the transform reads.
     packed: PackedRecords,
-    whole: Vec<(OwnedMessage, Settled)>,
+    /// With what became of each, and where it first was.
+    whole: Vec<(OwnedMessage, Settled, (i32, i64))>,
 }
 
 /// How a message of the batch is read, as [`RawBatch::read`] tells it.
@@ -61,10 +65,13 @@ pub(super) struct Letter<'a> {
 impl RawBatch {
     /// An empty batch of `pipeline`'s `topic`; values over `max_bytes` are
     /// dead-lettered, not transformed.
-    pub(super) fn new(pipeline: &str, topic: &str, max_bytes: usize) -> RawBatch {
+    /// A replayed dead letter's mark is honoured when `key` signed it.
+    pub(super) fn new(pipeline: &str, topic: &str, max_bytes: usize, key: ReplayKey) -> RawBatch {
         RawBatch {
             pipeline: pipeline.to_string(),
+            key,
             max_bytes,
+            unsigned: 0,
             positions: Vec::new(),
             slots: Vec::new(),
             packed: PackedRecords::new(topic),
@@ -80,6 +87,12 @@ impl RawBatch {
     /// Every message's position (partition, offset), in order.
     pub(super) fn positions(&self) -> &[(i32, i64)] {
         &self.positions
+    }
+
+    /// How many messages carried a replay mark whose signature did not
+    /// hold (read at their own position, by every pipeline).
+    pub(super) fn unsigned(&self) -> usize {
+        self.unsigned
     }
 
     /// How message `index` is read.
@@ -117,16 +130,16 @@ impl RawBatch {
                                 .collect()
                         })
                         .unwrap_or_default(),
-                    origin: origin(message),
+                    origin: self.whole[n].2,
                     at,
                 }
             }
         }
     }
 
-    fn keep_whole(&mut self, message: &BorrowedMessage<'_>, settled: Settled) {
+    fn keep_whole(&mut self, message: &BorrowedMessage<'_>, settled: Settled, origin: (i32, i64)) {
         self.slots.push(Slot::Whole(self.whole.len()));
-        self.whole.push((message.detach(), settled));
+        self.whole.push((message.detach(), settled, origin));
     }
 }
 
@@ -144,26 +157,49 @@ impl ReadBatch for RawBatch {
             })
             .unwrap_or_default();
         let header = |name: &str| headers.iter().find(|(n, _)| *n == name).map(|(_, v)| *v);
-        if header(REPLAY_FOR_HEADER).is_some_and(|p| p != self.pipeline.as_bytes()) {
-            self.keep_whole(message, Settled::NotOurs);
+        // A replayed dead letter's mark (its pipeline, its first position),
+        // if it is signed; one that is not is ignored.
+        let mark = match (
+            header(REPLAY_FOR_HEADER),
+            header(ORIGIN_HEADER),
+            header(SIGNATURE_HEADER),
+        ) {
+            (None, None, None) => None,
+            (Some(pipeline), Some(origin), Some(signature))
+                if self.key.verifies(pipeline, origin, signature) =>
+            {
+                Some((pipeline, origin))
+            }
+            _ => {
+                self.unsigned += 1;
+                None
+            }
+        };
+        // As the transform sees it: a replayed dead letter at its first
+        // position, so its events get the ids they would have had.
+        let origin = mark
+            .and_then(|(_, origin)| origin_in(Some(origin)))
+            .unwrap_or((message.partition(), message.offset()));
+        if mark.is_some_and(|(pipeline, _)| pipeline != self.pipeline.as_bytes()) {
+            self.keep_whole(message, Settled::NotOurs, origin);
             return message_bytes(message);
         }
         match message.payload() {
-            None => self.keep_whole(message, Settled::Dead("empty message: no value".into())),
+            None => self.keep_whole(
+                message,
+                Settled::Dead("empty message: no value".into()),
+                origin,
+            ),
             Some(value) if value.len() > self.max_bytes => {
                 let reason = format!(
                     "record of {} bytes is over the limit of {} bytes",
                     value.len(),
                     self.max_bytes
                 );
-                self.keep_whole(message, Settled::Dead(reason));
+                self.keep_whole(message, Settled::Dead(reason), origin);
             }
             Some(value) => {
-                let (partition, offset) = origin_in(header(ORIGIN_HEADER))
-                    .unwrap_or((message.partition(), message.offset()));
-                // As the transform sees it: a replayed dead letter at its
-                // first position, so its events get the ids they would
-                // have had.
+                let (partition, offset) = origin;
                 let record = RawRecord {
                     partition,
                     offset,
@@ -177,7 +213,7 @@ impl ReadBatch for RawBatch {
                 } else {
                     let reason =
                         "the pre-filter's batch passed 4 GiB: lower LAUREL_BATCH_MAX_BYTES";
-                    self.keep_whole(message, Settled::Dead(reason.into()));
+                    self.keep_whole(message, Settled::Dead(reason.into()), origin);
                 }
             }
         }
@@ -189,6 +225,7 @@ impl ReadBatch for RawBatch {
     }
 
     fn clear(&mut self) {
+        self.unsigned = 0;
         self.positions.clear();
         self.slots.clear();
         self.packed.clear();

@@ -47,7 +47,9 @@ mod replay;
 
 use batch::{Letter, RawBatch, Read, Settled};
 
-pub use replay::{ORIGIN_HEADER, REPLAY_FOR_HEADER, RawReplay, replay, replay_group};
+pub use replay::{
+    ORIGIN_HEADER, REPLAY_FOR_HEADER, RawReplay, ReplayKey, SIGNATURE_HEADER, replay, replay_group,
+};
 
 use super::kafka::{self, DeadLetters};
 use super::{
@@ -77,6 +79,7 @@ struct Shared {
     catalog: Arc<Catalog>,
     dead_letters: DeadLetters,
     producer: FutureProducer,
+    replay_key: ReplayKey,
 }
 
 struct Running {
@@ -103,6 +106,7 @@ pub async fn run(
     .await?;
     let mut store = Store::connect(database_url).await?;
     let shared = Arc::new(Shared {
+        replay_key: ReplayKey::load(&store).await?,
         dead_letters: DeadLetters::new(&settings.brokers, settings.max_event_bytes)?,
         // Each batch waits for its kept events' acknowledgements.
         producer: kafka::producer_lingering(&settings.brokers, 0)?,
@@ -331,6 +335,7 @@ impl PipelineConsumer {
             &self.pipeline.name,
             &self.pipeline.input_topic,
             settings.max_event_bytes,
+            self.shared.replay_key.clone(),
         );
         let mut in_flight: Option<Sent> = None;
         loop {
@@ -459,6 +464,9 @@ impl PipelineConsumer {
     /// sent and its dead letters acknowledged.
     async fn process(&mut self, batch: &RawBatch, waited: Duration) -> Result<Sent, BatchError> {
         let started = std::time::Instant::now();
+        if batch.unsigned() > 0 {
+            warn!(message = "Records carried a replay mark without a valid signature; each was read at its own position, as any record is.", pipeline = %self.pipeline.name, records = batch.unsigned());
+        }
         // First, cheaply: types no objective's filters can match (as the
         // filters declare them) are not made (a transform with
         // `transform-scope` skips them) or dropped before any check.
@@ -752,12 +760,6 @@ fn header<'a, M: Message>(message: &'a M, name: &str) -> Option<&'a [u8]> {
         .iter()
         .find(|h| h.key == name)
         .and_then(|h| h.value)
-}
-
-/// Where a record first was: its `laurel-origin` if it is a replayed dead
-/// letter, else where it is.
-fn origin(message: &impl Message) -> (i32, i64) {
-    origin_in(header(message, ORIGIN_HEADER)).unwrap_or((message.partition(), message.offset()))
 }
 
 /// The position a `laurel-origin` header's value names (`partition/offset`).

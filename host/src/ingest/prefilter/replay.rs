@@ -6,7 +6,11 @@
 //!   reads the record as if it were there, so its events get the ids they
 //!   would have had (a record replayed twice counts once);
 //! - `laurel-replay-for: PIPELINE`: other pipelines of the same input topic
-//!   pass over it.
+//!   pass over it;
+//! - `laurel-replay-signature`: the mark signed with Laurel's replay key
+//!   (HMAC-SHA256, kept in PostgreSQL). A mark without a valid signature is
+//!   ignored, so a raw producer cannot give its records another record's
+//!   position, and so its events' ids, or hide them from a pipeline.
 //!
 //! A replay reads the dead-letter topic up to its end when it starts, as
 //! the consumer group `<prefix>.prefilter-replay.<pipeline>`, and commits
@@ -30,6 +34,40 @@ use crate::store::PipelineRow;
 pub const ORIGIN_HEADER: &str = "laurel-origin";
 /// The pipeline a replayed record is for.
 pub const REPLAY_FOR_HEADER: &str = "laurel-replay-for";
+/// The signature of a replayed record's mark (its origin and pipeline).
+pub const SIGNATURE_HEADER: &str = "laurel-replay-signature";
+
+/// The key replay marks are signed with (`signing_keys` in PostgreSQL).
+#[derive(Clone)]
+pub struct ReplayKey(ring::hmac::Key);
+
+impl ReplayKey {
+    pub fn new(key: &[u8]) -> ReplayKey {
+        ReplayKey(ring::hmac::Key::new(ring::hmac::HMAC_SHA256, key))
+    }
+
+    /// The key the migrations made.
+    pub async fn load(store: &crate::store::Store) -> anyhow::Result<ReplayKey> {
+        Ok(ReplayKey::new(&store.signing_key("replay").await?))
+    }
+
+    /// The signature of the mark (`pipeline`, `origin`), in hex.
+    fn sign(&self, pipeline: &[u8], origin: &[u8]) -> String {
+        hex::encode(ring::hmac::sign(&self.0, &mark(pipeline, origin)))
+    }
+
+    /// Whether `signature` (hex) signs the mark (`pipeline`, `origin`).
+    pub fn verifies(&self, pipeline: &[u8], origin: &[u8], signature: &[u8]) -> bool {
+        hex::decode(signature)
+            .is_ok_and(|tag| ring::hmac::verify(&self.0, &mark(pipeline, origin), &tag).is_ok())
+    }
+}
+
+/// What a mark's signature covers: the pipeline, a newline (no pipeline
+/// name holds one), the origin.
+fn mark(pipeline: &[u8], origin: &[u8]) -> Vec<u8> {
+    [pipeline, b"\n", origin].concat()
+}
 
 /// How long a replay waits for the next dead letter it knows is there.
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -59,6 +97,7 @@ pub async fn replay(
     brokers: &str,
     group_prefix: &str,
     pipeline: &PipelineRow,
+    key: &ReplayKey,
 ) -> anyhow::Result<RawReplay> {
     let dead = dead_topic(&pipeline.input_topic);
     let group = replay_group(group_prefix, &pipeline.name);
@@ -118,9 +157,11 @@ pub async fn replay(
             match message.payload() {
                 None => report.without_value.push(origin),
                 Some(value) => {
+                    let signature = key.sign(pipeline.name.as_bytes(), origin.as_bytes());
                     let mut headers: Vec<(&str, &[u8])> = vec![
                         (ORIGIN_HEADER, origin.as_bytes()),
                         (REPLAY_FOR_HEADER, pipeline.name.as_bytes()),
+                        (SIGNATURE_HEADER, signature.as_bytes()),
                     ];
                     if let Some(own) = message.headers() {
                         headers.extend(

@@ -3,7 +3,7 @@
 //! of the JSON transform in Wasm against the same crate compiled natively,
 //! making every event and told the one type kept (`transform-scope`).
 //!
-//! cargo bench -p laurel --bench prefilter      (LAUREL_BENCH_RECORDS=600000,
+//! cargo bench -p laurel --bench prefilter      (LAUREL_BENCH_RECORDS=900000,
 //!                                               LAUREL_BENCH_ROUNDS=2,
 //!                                               LAUREL_BENCH_CPU=1)
 //!
@@ -83,11 +83,11 @@ fn env(name: &str, default: usize) -> usize {
 fn main() {
     // The bare consumer, as a child of this benchmark.
     if let Ok(brokers) = std::env::var("LAUREL_BENCH_BARE_BROKERS") {
-        let count = env("LAUREL_BENCH_RECORDS", 600_000);
+        let count = env("LAUREL_BENCH_RECORDS", 900_000);
         bare(&brokers, count);
         return;
     }
-    let count = env("LAUREL_BENCH_RECORDS", 600_000);
+    let count = env("LAUREL_BENCH_RECORDS", 900_000);
     let rounds = env("LAUREL_BENCH_ROUNDS", 2).max(1);
     let cpu = env("LAUREL_BENCH_CPU", 1);
     transform_cost();

@@ -14,9 +14,10 @@
 //!   events and its dead letters are acknowledged by the broker; a batch
 //!   that fails is read again. The kept events are acknowledged while the
 //!   next batch is read (so the pre-filter does not wait idle for them);
-//!   if they are not, both batches are read again. A record's events carry ids derived from its
-//!   position (or a field the transform config names), so a record read
-//!   again makes the same events and ingest adds them once.
+//!   if they are not, both batches are read again. A record's events carry
+//!   ids derived from its position (or a field the transform config
+//!   names), so a record read again makes the same events and ingest adds
+//!   them once.
 //! - **Malformed records** (no value, too large, a transform's refusal, an
 //!   event that fails the envelope's checks) go to `<input_topic>.dead`
 //!   with the reason in the `laurel-reason` header; the rest of the batch

@@ -468,14 +468,7 @@ fn rewind(
     positions: impl IntoIterator<Item = (i32, i64)>,
     what: &str,
 ) {
-    let mut first: HashMap<i32, i64> = HashMap::new();
-    for (partition, offset) in positions {
-        first
-            .entry(partition)
-            .and_modify(|o| *o = (*o).min(offset))
-            .or_insert(offset);
-    }
-    for (partition, offset) in first {
+    for (partition, offset) in first_offsets(positions) {
         if let Err(error) = consumer.seek(
             topic,
             partition,
@@ -485,6 +478,40 @@ fn rewind(
             warn!(message = "Failed to rewind; the uncommitted batch comes back after a restart.", consumer = %what, %error);
         }
     }
+}
+
+/// The first offset read on each partition, from positions (partition,
+/// offset) in the order read. Positions come in runs of one partition, so
+/// the last run's entry is looked at first.
+fn first_offsets(positions: impl IntoIterator<Item = (i32, i64)>) -> Vec<(i32, i64)> {
+    let mut first: Vec<(i32, i64)> = Vec::new();
+    for (partition, offset) in positions {
+        match first.iter_mut().rev().find(|(p, _)| *p == partition) {
+            Some(at) => at.1 = at.1.min(offset),
+            None => first.push((partition, offset)),
+        }
+    }
+    first
+}
+
+/// What to commit after reading `positions` (partition, offset) of
+/// `topic`: on each partition, the offset after the last one read.
+fn next_offsets(
+    topic: &str,
+    positions: impl IntoIterator<Item = (i32, i64)>,
+) -> rdkafka::error::KafkaResult<TopicPartitionList> {
+    let mut next: Vec<(i32, i64)> = Vec::new();
+    for (partition, offset) in positions {
+        match next.iter_mut().rev().find(|(p, _)| *p == partition) {
+            Some(at) => at.1 = at.1.max(offset + 1),
+            None => next.push((partition, offset + 1)),
+        }
+    }
+    let mut offsets = TopicPartitionList::with_capacity(next.len());
+    for (partition, offset) in next {
+        offsets.add_partition_offset(topic, partition, Offset::Offset(offset))?;
+    }
+    Ok(offsets)
 }
 
 async fn consume_source(
@@ -786,15 +813,10 @@ impl SourceConsumer {
         );
 
         // Only now: the offsets.
-        let mut offsets = TopicPartitionList::new();
-        let mut next: HashMap<i32, i64> = HashMap::new();
-        for message in batch {
-            let entry = next.entry(message.partition()).or_insert(0);
-            *entry = (*entry).max(message.offset() + 1);
-        }
-        for (partition, offset) in next {
-            offsets.add_partition_offset(&self.source.topic, partition, Offset::Offset(offset))?;
-        }
+        let offsets = next_offsets(
+            &self.source.topic,
+            batch.iter().map(|m| (m.partition(), m.offset())),
+        )?;
         // A lost commit only means a re-delivery, which changes nothing.
         if let Err(error) = self.consumer.commit(&offsets, CommitMode::Async) {
             warn!(message = "Committing offsets failed; the batch may be delivered again.", source = %self.source.name, %error);
@@ -1102,4 +1124,44 @@ pub async fn apply_isolating(
         refused.push(dead);
     }
     Ok((applied, refused))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{first_offsets, next_offsets};
+    use rdkafka::Offset;
+
+    #[test]
+    fn a_batch_is_committed_after_its_last_record_and_read_again_from_its_first() {
+        // Runs of partitions as fetched, one partition coming back, and a
+        // rewound partition read again from lower offsets.
+        let positions = [
+            (3, 10),
+            (3, 11),
+            (0, 5),
+            (0, 6),
+            (3, 12),
+            (7, 1),
+            (3, 4),
+            (3, 5),
+        ];
+        assert_eq!(first_offsets(positions), vec![(3, 4), (0, 5), (7, 1)]);
+        let offsets = next_offsets("raw", positions).unwrap();
+        let mut next: Vec<(i32, Offset)> = offsets
+            .elements()
+            .iter()
+            .map(|e| (e.partition(), e.offset()))
+            .collect();
+        next.sort_by_key(|(p, _)| *p);
+        assert_eq!(
+            next,
+            vec![
+                (0, Offset::Offset(7)),
+                (3, Offset::Offset(13)),
+                (7, Offset::Offset(2))
+            ]
+        );
+        assert_eq!(first_offsets([]), vec![]);
+        assert_eq!(next_offsets("raw", []).unwrap().count(), 0);
+    }
 }

@@ -35,10 +35,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use rdkafka::Message;
+use rdkafka::TopicPartitionList;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::message::Headers;
 use rdkafka::producer::FutureProducer;
-use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{Instrument, debug, error, info, info_span, warn};
@@ -54,8 +54,8 @@ pub use replay::{
 
 use super::kafka::{self, DeadLetters};
 use super::{
-    FIRST_WAIT, IngestSettings, NextBatch, Plan, ReadBatch, SourceContext, Verdict, follow_pause,
-    group_consumer, next_batch, rewind,
+    FIRST_WAIT, IngestSettings, NextBatch, Plan, ReadBatch, SourceContext, Verdict, first_offsets,
+    follow_pause, group_consumer, next_batch, next_offsets, rewind,
 };
 use crate::catalog::Catalog;
 use crate::event::Envelope;
@@ -585,9 +585,12 @@ impl PipelineConsumer {
         let planned_ms = planned.duration_since(started);
         Ok(Sent {
             acks,
-            first: first_positions(batch.positions()),
-            offsets: next_offsets(&self.pipeline.input_topic, batch.positions())
-                .map_err(|e| BatchError::Kafka(e.into()))?,
+            first: first_offsets(batch.positions().iter().copied()),
+            offsets: next_offsets(
+                &self.pipeline.input_topic,
+                batch.positions().iter().copied(),
+            )
+            .map_err(|e| BatchError::Kafka(e.into()))?,
             log: BatchLog {
                 records: batch.count(),
                 kept: kept_count,
@@ -792,78 +795,4 @@ fn envelope_json(event: &Transformed, source: &str) -> Result<String, String> {
         envelope["status"] = status.as_str().into();
     }
     Ok(envelope.to_string())
-}
-
-/// The first offset read on each partition, from a batch's positions
-/// (partition, offset) in the order read. Positions come in runs of one
-/// partition, so the last run's entry is looked at first.
-fn first_positions(positions: &[(i32, i64)]) -> Vec<(i32, i64)> {
-    let mut first: Vec<(i32, i64)> = Vec::new();
-    for &(partition, offset) in positions {
-        match first.iter_mut().rev().find(|(p, _)| *p == partition) {
-            Some(at) => at.1 = at.1.min(offset),
-            None => first.push((partition, offset)),
-        }
-    }
-    first
-}
-
-/// What to commit after a batch: on each partition, the offset after the
-/// last one read.
-fn next_offsets(
-    topic: &str,
-    positions: &[(i32, i64)],
-) -> rdkafka::error::KafkaResult<TopicPartitionList> {
-    let mut next: Vec<(i32, i64)> = Vec::new();
-    for &(partition, offset) in positions {
-        match next.iter_mut().rev().find(|(p, _)| *p == partition) {
-            Some(at) => at.1 = at.1.max(offset + 1),
-            None => next.push((partition, offset + 1)),
-        }
-    }
-    let mut offsets = TopicPartitionList::with_capacity(next.len());
-    for (partition, offset) in next {
-        offsets.add_partition_offset(topic, partition, Offset::Offset(offset))?;
-    }
-    Ok(offsets)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{first_positions, next_offsets};
-    use rdkafka::Offset;
-
-    #[test]
-    fn a_batch_is_committed_after_its_last_record_and_read_again_from_its_first() {
-        // Runs of partitions as fetched, one partition coming back, and a
-        // rewound partition read again from lower offsets.
-        let positions = [
-            (3, 10),
-            (3, 11),
-            (0, 5),
-            (0, 6),
-            (3, 12),
-            (7, 1),
-            (3, 4),
-            (3, 5),
-        ];
-        assert_eq!(first_positions(&positions), vec![(3, 4), (0, 5), (7, 1)]);
-        let offsets = next_offsets("raw", &positions).unwrap();
-        let mut next: Vec<(i32, Offset)> = offsets
-            .elements()
-            .iter()
-            .map(|e| (e.partition(), e.offset()))
-            .collect();
-        next.sort_by_key(|(p, _)| *p);
-        assert_eq!(
-            next,
-            vec![
-                (0, Offset::Offset(7)),
-                (3, Offset::Offset(13)),
-                (7, Offset::Offset(2))
-            ]
-        );
-        assert_eq!(first_positions(&[]), vec![]);
-        assert_eq!(next_offsets("raw", &[]).unwrap().count(), 0);
-    }
 }

@@ -133,6 +133,16 @@ pub struct Limits {
         value_name = "FAILURES"
     )]
     pub quarantine_after: u32,
+    /// Names each compiled function's code in `/tmp/perf-<pid>.map`, so
+    /// `perf` shows a component's own functions (a transform's scan, the
+    /// SDK's loop) by name rather than as addresses.
+    #[arg(
+        long = "function-perf-map",
+        env = "LAUREL_FUNCTION_PERF_MAP",
+        action = clap::ArgAction::SetTrue,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub perf_map: bool,
     /// Counters one contribution may name.
     #[arg(skip = 64usize)]
     pub max_counters: usize,
@@ -286,6 +296,9 @@ impl Runtime {
         // concurrency support each call is cheaper (pitfalls: ~25%).
         config.concurrency_support(false);
         config.epoch_interruption(true);
+        if limits.perf_map {
+            config.profiler(wasmtime::ProfilingStrategy::PerfMap);
+        }
         let mut pool = PoolingAllocationConfig::new();
         pool.total_component_instances(limits.instances)
             .total_core_instances(limits.instances.saturating_mul(8))

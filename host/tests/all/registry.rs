@@ -575,3 +575,24 @@ async fn promoting_a_version_that_breaks_an_award_is_refused_naming_it() {
     );
     db.drop_database().await;
 }
+
+/// With `--function-perf-map`, `perf` can name a component's own code: the
+/// map it reads names the built-in JSON transform's functions.
+#[test]
+fn the_perf_map_names_a_components_own_functions() {
+    let map = std::path::PathBuf::from(format!("/tmp/perf-{}.map", std::process::id()));
+    let _ = std::fs::remove_file(&map);
+    let limits = Limits {
+        perf_map: true,
+        ..Limits::default()
+    };
+    let runtime = Runtime::new(limits, None).unwrap();
+    support::builtin(&runtime, "JsonTransform");
+    let text = std::fs::read_to_string(&map).expect("the perf map is written");
+    let _ = std::fs::remove_file(&map);
+    assert!(
+        text.lines().any(|line| line.contains("json_transform")),
+        "{}",
+        text.lines().take(5).collect::<Vec<_>>().join("\n")
+    );
+}

@@ -464,14 +464,15 @@ async fn a_worker_whose_lease_was_taken_over_records_nothing_and_releases_nothin
         .await
         .unwrap()
         .expect("claimed");
-    assert!(
+    // Whether another worker could claim it now.
+    let claimable = async || {
         store
             .claim_history_backfill(None, LEASE)
             .await
             .unwrap()
-            .is_none(),
-        "a held lease is not claimed again"
-    );
+            .is_some()
+    };
+    assert!(!claimable().await, "a held lease is not claimed again");
     tokio::time::sleep(Duration::from_millis(600)).await;
     let second = store
         .claim_history_backfill(None, LEASE)
@@ -507,14 +508,7 @@ async fn a_worker_whose_lease_was_taken_over_records_nothing_and_releases_nothin
         .release_history_backfill(&first.lease())
         .await
         .unwrap();
-    assert!(
-        store
-            .claim_history_backfill(None, LEASE)
-            .await
-            .unwrap()
-            .is_none(),
-        "still the second worker's"
-    );
+    assert!(!claimable().await, "still the second worker's");
     assert!(
         store
             .record_history_step(&second.lease(), &after, &step(3), false, LEASE)
@@ -534,12 +528,6 @@ async fn a_worker_whose_lease_was_taken_over_records_nothing_and_releases_nothin
         .release_history_backfill(&second.lease())
         .await
         .unwrap();
-    assert!(
-        store
-            .claim_history_backfill(None, LEASE)
-            .await
-            .unwrap()
-            .is_some()
-    );
+    assert!(claimable().await);
     p.stop().await;
 }

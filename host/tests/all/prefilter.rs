@@ -254,6 +254,17 @@ impl Prefilter {
         Prefilter::start_on(&p.db.url, p.broker.bootstrap_servers()).await
     }
 
+    /// Topic `raw.kv` made, the key=value pipeline applied, and the
+    /// pre-filter running it.
+    async fn start_kv(p: &Pipeline) -> Prefilter {
+        p.broker.create_topic("raw.kv", 1).unwrap();
+        let mut store = p.db.store().await;
+        laurel::pipelines::apply(&mut store, &p.registry, KV_PIPELINE)
+            .await
+            .unwrap();
+        Prefilter::start(p).await
+    }
+
     /// On the database at `url` and the broker at `brokers`.
     async fn start_on(url: &str, brokers: &str) -> Prefilter {
         let registry = Registry::start(url, support::runtime()).await.unwrap();
@@ -323,12 +334,8 @@ const KV_PIPELINE: &str = r#"{"name": "navi-kv", "input_topic": "raw.kv", "sourc
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_award_applied_while_running_widens_what_is_kept() {
     let p = Pipeline::start(AWARDS, &["bss"]).await;
-    p.broker.create_topic("raw.kv", 1).unwrap();
+    let prefilter = Prefilter::start_kv(&p).await;
     let mut store = p.db.store().await;
-    laurel::pipelines::apply(&mut store, &p.registry, KV_PIPELINE)
-        .await
-        .unwrap();
-    let prefilter = Prefilter::start(&p).await;
     // No award counts built routes: dropped; a trip is kept.
     send(
         &p,
@@ -751,12 +758,8 @@ async fn filters_declare_event_types_and_other_types_are_dropped_first() {
 
     // Dropped before any check: a route with a user id over the limit is
     // no award's business; a trip with one is dead-lettered.
-    p.broker.create_topic("raw.kv", 1).unwrap();
+    let prefilter = Prefilter::start_kv(&p).await;
     let mut store = p.db.store().await;
-    laurel::pipelines::apply(&mut store, &p.registry, KV_PIPELINE)
-        .await
-        .unwrap();
-    let prefilter = Prefilter::start(&p).await;
     let long = "u".repeat(600);
     send(
         &p,
@@ -912,12 +915,7 @@ async fn dead_letters_replayed_after_a_fix_count_once_at_their_first_position() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replay_mark_without_a_valid_signature_is_ignored() {
     let mut p = Pipeline::start(AWARDS, &["bss"]).await;
-    p.broker.create_topic("raw.kv", 1).unwrap();
-    let mut store = p.db.store().await;
-    laurel::pipelines::apply(&mut store, &p.registry, KV_PIPELINE)
-        .await
-        .unwrap();
-    let prefilter = Prefilter::start(&p).await;
+    let prefilter = Prefilter::start_kv(&p).await;
     send(
         &p,
         "raw.kv",

@@ -503,15 +503,14 @@ impl PipelineConsumer {
         }
 
         // Keep what some objective can use.
-        let mut candidates: Vec<(usize, Envelope, String)> = Vec::new();
-        for (index, fate) in fates.iter_mut().enumerate() {
-            if let Fate::Events(events) = fate {
-                for (envelope, json) in events.drain(..) {
-                    candidates.push((index, envelope, json));
-                }
-            }
-        }
-        let envelopes: Vec<Envelope> = candidates.iter().map(|(_, e, _)| e.clone()).collect();
+        let (envelopes, jsons): (Vec<Envelope>, Vec<String>) = fates
+            .iter_mut()
+            .filter_map(|fate| match fate {
+                Fate::Events(events) => Some(events.drain(..)),
+                Fate::Dead(_) => None,
+            })
+            .flatten()
+            .unzip();
         let keep = if envelopes.is_empty() {
             Vec::new()
         } else {
@@ -529,13 +528,15 @@ impl PipelineConsumer {
                     .collect()
             }
         };
-        let kept: Vec<&(usize, Envelope, String)> = candidates
-            .iter()
+        let candidates = envelopes.len();
+        let kept: Vec<(Envelope, String)> = envelopes
+            .into_iter()
+            .zip(jsons)
             .zip(&keep)
-            .filter_map(|(candidate, keep)| keep.then_some(candidate))
+            .filter_map(|(event, keep)| keep.then_some(event))
             .collect();
         let kept_count = kept.len();
-        dropped += candidates.len() - kept_count;
+        dropped += candidates - kept_count;
         let planned = std::time::Instant::now();
 
         // Everything acknowledged before anything is committed. The kept
@@ -544,11 +545,10 @@ impl PipelineConsumer {
         // (few) are waited for here.
         let sends: Vec<_> = kept
             .into_iter()
-            .map(|(_, envelope, json)| {
+            .map(|(envelope, json)| {
                 let producer = self.shared.producer.clone();
                 let topic = self.out_topic.clone();
-                let key = envelope.user_id.clone();
-                let json = json.clone();
+                let key = envelope.user_id;
                 async move {
                     kafka::publish(
                         &producer,

@@ -10,6 +10,7 @@
 //! `events.<source>.dead` with the reason in headers, and to the processing
 //! log.
 
+mod fetch;
 mod kafka;
 mod plan;
 pub mod prefilter;
@@ -24,6 +25,7 @@ pub use plan::{Evaluation, Plan, Scope};
 pub use replay::{ReplayReport, replay};
 pub use verdict::Verdict;
 
+use fetch::{FetchQueue, GroupConsumer, Record};
 use kafka::DeadLetters;
 
 use std::collections::{HashMap, HashSet};
@@ -35,7 +37,8 @@ use futures_util::{FutureExt, StreamExt};
 use rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
 };
-use rdkafka::message::{BorrowedMessage, Headers, Message, OwnedMessage};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Headers, Message, OwnedMessage};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -260,11 +263,18 @@ pub async fn run(
 /// Pauses partitions assigned while the source is paused.
 struct SourceContext {
     paused: Arc<AtomicBool>,
+    fetched: Arc<FetchQueue>,
 }
 
 impl ClientContext for SourceContext {}
 
 impl ConsumerContext for SourceContext {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Assign(partitions) = rebalance {
+            self.fetched.forward(consumer, partitions);
+        }
+    }
+
     fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Assign(partitions) = rebalance
             && self.paused.load(Ordering::Acquire)
@@ -292,15 +302,17 @@ fn offset_ranges(batch: &[OwnedMessage]) -> String {
 }
 
 /// A consumer in `group` that commits only what it is told to, starts
-/// from the earliest offset, and pauses partitions assigned while `paused`
-/// (ingest's per source, the pre-filter's per pipeline).
+/// from the earliest offset, pauses partitions assigned while `paused`
+/// (ingest's per source, the pre-filter's per pipeline), and reads its
+/// records in batches (see `fetch`).
 fn group_consumer(
     settings: &IngestSettings,
     group: &str,
     paused: Arc<AtomicBool>,
-) -> rdkafka::error::KafkaResult<StreamConsumer<SourceContext>> {
+) -> rdkafka::error::KafkaResult<GroupConsumer> {
     let session_ms = settings.session_timeout.as_millis().max(1000);
-    kafka::client_config(&settings.brokers)
+    let fetched = FetchQueue::new();
+    let consumer = kafka::client_config(&settings.brokers)
         .set("group.id", group)
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
@@ -317,7 +329,11 @@ fn group_consumer(
         .set("fetch.queue.backoff.ms", "10")
         // A topic that appears after the consumer starts is seen soon.
         .set("topic.metadata.refresh.interval.ms", "2000")
-        .create_with_context(SourceContext { paused })
+        .create_with_context(SourceContext {
+            paused,
+            fetched: fetched.clone(),
+        })?;
+    Ok(GroupConsumer::new(consumer, fetched))
 }
 
 /// Pauses or resumes `consumer`'s assignment as `paused` says; returns
@@ -366,9 +382,9 @@ enum NextBatch {
 /// (ingest keeps whole messages; the pre-filter packs records as its
 /// transform reads them).
 trait ReadBatch {
-    /// Takes `message` in; the bytes it counts toward LAUREL_BATCH_MAX_BYTES
+    /// Takes `record` in; the bytes it counts toward LAUREL_BATCH_MAX_BYTES
     /// (its value and key).
-    fn take(&mut self, message: &BorrowedMessage<'_>) -> usize;
+    fn take(&mut self, record: Record<'_>) -> usize;
     /// How many messages it holds.
     fn count(&self) -> usize;
     /// Empties it, keeping its buffers for the next batch (fresh memory
@@ -377,9 +393,9 @@ trait ReadBatch {
 }
 
 impl ReadBatch for Vec<OwnedMessage> {
-    fn take(&mut self, message: &BorrowedMessage<'_>) -> usize {
-        self.push(message.detach());
-        message_bytes(message)
+    fn take(&mut self, record: Record<'_>) -> usize {
+        self.push(record.detach());
+        record.size()
     }
 
     fn count(&self) -> usize {
@@ -400,8 +416,12 @@ const FIRST_WAIT: Duration = Duration::from_millis(250);
 /// LAUREL_BATCH_WAIT_MS, up to LAUREL_BATCH_SIZE messages or
 /// LAUREL_BATCH_MAX_BYTES, into `batch` (emptied first). `what` names the
 /// consumer in the log.
+///
+/// Records come in reads of a few dozen from the consumer's fetch queue
+/// (see `fetch`); its own queue (rebalances, errors, the records of a
+/// partition that could not be forwarded) is served at least once a batch.
 async fn next_batch<B: ReadBatch>(
-    consumer: &StreamConsumer<SourceContext>,
+    consumer: &GroupConsumer,
     settings: &IngestSettings,
     first_wait: Duration,
     stop: &mut watch::Receiver<bool>,
@@ -410,22 +430,83 @@ async fn next_batch<B: ReadBatch>(
     batch: &mut B,
 ) -> NextBatch {
     batch.clear();
+    let fetched = consumer.fetched();
     // One stream for the whole batch: `recv` makes (and registers) one per
     // message.
-    let mut messages = consumer.stream();
-    let first = tokio::select! {
-        // A message already fetched is taken even when `first_wait` is 0.
-        biased;
-        message = messages.next() => message.expect("kafka streams never end"),
-        _ = stop.changed() => return NextBatch::Stop,
-        _ = tokio::time::sleep(first_wait) => return NextBatch::Nothing,
+    let mut own = consumer.stream();
+    let mut bytes = 0;
+    let mut failed: Option<KafkaError> = None;
+    // The consumer's own queue first: its rebalances and errors are served
+    // at least once a batch, even while ours is never empty.
+    let first = match own.next().now_or_never() {
+        Some(first) => Some(first),
+        None => tokio::select! {
+            // What is already fetched is taken even when `first_wait` is 0.
+            biased;
+            _ = fetched.ready() => None,
+            first = own.next() => Some(first),
+            _ = stop.changed() => return NextBatch::Stop,
+            _ = tokio::time::sleep(first_wait) => return NextBatch::Nothing,
+        },
     };
-    let mut bytes = match first {
-        Ok(message) => {
-            *last_error = None;
-            batch.take(&message)
+    if let Some(first) = first {
+        let first = first.expect("kafka streams never end");
+        let first = first.as_ref().map(Record::borrowed).map_err(Clone::clone);
+        take(batch, first, &mut bytes, &mut failed);
+    }
+    // Bounded by count and by bytes, whatever the messages' sizes: a read
+    // takes no more records than the largest so far fits in the bytes left.
+    let deadline = tokio::time::Instant::now() + settings.batch_wait;
+    let mut largest = 1;
+    while failed.is_none()
+        && batch.count() < settings.batch_size
+        && bytes < settings.batch_max_bytes
+    {
+        let room = settings.batch_size - batch.count();
+        let fits = ((settings.batch_max_bytes - bytes) / largest).max(1);
+        let read = fetched.read(room.min(fits), |record| {
+            if let Ok(record) = &record {
+                largest = largest.max(record.size());
+            }
+            take(batch, record, &mut bytes, &mut failed)
+        });
+        if read > 0 {
+            continue;
         }
-        Err(error) => {
+        // What is already fetched is taken without arming a timer.
+        let next = match own.next().now_or_never() {
+            Some(next) => next,
+            None => {
+                let either = async {
+                    tokio::select! {
+                        biased;
+                        _ = fetched.ready() => None,
+                        next = own.next() => Some(next),
+                    }
+                };
+                match tokio::time::timeout_at(deadline, either).await {
+                    Ok(Some(next)) => next,
+                    Ok(None) => continue,
+                    Err(_) => break,
+                }
+            }
+        };
+        let next = next.expect("kafka streams never end");
+        let next = next.as_ref().map(Record::borrowed).map_err(Clone::clone);
+        take(batch, next, &mut bytes, &mut failed);
+    }
+    match failed {
+        None if batch.count() > 0 => {
+            *last_error = None;
+            NextBatch::Batch
+        }
+        // Records dropped as outdated (after a seek) leave nothing.
+        None => NextBatch::Nothing,
+        Some(error) if batch.count() > 0 => {
+            warn!(message = "Kafka error while consuming.", consumer = %what, %error);
+            NextBatch::Batch
+        }
+        Some(error) => {
             // Said once, not every poll: a missing topic (nothing
             // produced yet) can last.
             let text = error.to_string();
@@ -434,29 +515,25 @@ async fn next_batch<B: ReadBatch>(
                 *last_error = Some(text);
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
-            return NextBatch::Nothing;
-        }
-    };
-    // Bounded by count and by bytes, whatever the messages' sizes.
-    let deadline = tokio::time::Instant::now() + settings.batch_wait;
-    while batch.count() < settings.batch_size && bytes < settings.batch_max_bytes {
-        // What is already fetched is taken without arming a timer.
-        let next = match messages.next().now_or_never() {
-            Some(next) => next,
-            None => match tokio::time::timeout_at(deadline, messages.next()).await {
-                Ok(next) => next,
-                Err(_) => break,
-            },
-        };
-        match next.expect("kafka streams never end") {
-            Ok(message) => bytes += batch.take(&message),
-            Err(error) => {
-                warn!(message = "Kafka error while consuming.", consumer = %what, %error);
-                break;
-            }
+            NextBatch::Nothing
         }
     }
-    NextBatch::Batch
+}
+
+/// Takes `record` into `batch`, counting its bytes, or keeps the first
+/// error.
+fn take<B: ReadBatch>(
+    batch: &mut B,
+    record: Result<Record<'_>, KafkaError>,
+    bytes: &mut usize,
+    failed: &mut Option<KafkaError>,
+) {
+    match record {
+        Ok(record) => *bytes += batch.take(record),
+        Err(error) => {
+            failed.get_or_insert(error);
+        }
+    }
 }
 
 /// Seeks `consumer` back to the first offset of each partition of `topic`
@@ -542,7 +619,7 @@ async fn consume_source(
 struct SourceConsumer {
     source: SourceRow,
     shared: Arc<Shared>,
-    consumer: StreamConsumer<SourceContext>,
+    consumer: GroupConsumer,
     store: Store,
     paused: Arc<AtomicBool>,
     is_paused: bool,
@@ -968,10 +1045,6 @@ pub(crate) fn check_message(
         )),
         _ => Ok(envelope),
     }
-}
-
-fn message_bytes(message: &impl Message) -> usize {
-    message.payload().map_or(0, <[u8]>::len) + message.key().map_or(0, <[u8]>::len)
 }
 
 /// The `id` of a message that could not be used, if it has one to read.

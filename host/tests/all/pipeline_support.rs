@@ -367,3 +367,63 @@ fn rand_suffix() -> u128 {
         .unwrap()
         .as_nanos()
 }
+
+/// Produces `value` to `topic` with one header whose name is `name`'s
+/// bytes, as any producer can send them: rdkafka's API names headers with
+/// a `&str`, so a name that is not UTF-8 is made through librdkafka's own.
+pub fn produce_with_header_named(brokers: &str, topic: &str, value: &[u8], name: &[u8]) {
+    use rdkafka::bindings as rdsys;
+    use rdkafka::producer::{BaseProducer, Producer};
+    let producer: BaseProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .unwrap();
+    let topic = std::ffi::CString::new(topic).unwrap();
+    let vu = |vtype, u| rdsys::rd_kafka_vu_t { vtype, u };
+    // SAFETY: the headers are given to librdkafka, which owns them once
+    // the call succeeds; the value and name are copied (MSG_F_COPY).
+    unsafe {
+        let headers = rdsys::rd_kafka_headers_new(1);
+        rdsys::rd_kafka_header_add(
+            headers,
+            name.as_ptr().cast(),
+            name.len() as isize,
+            b"v".as_ptr().cast(),
+            1,
+        );
+        let fields = [
+            vu(
+                rdsys::rd_kafka_vtype_t::RD_KAFKA_VTYPE_TOPIC,
+                rdsys::rd_kafka_vu_s__bindgen_ty_1 {
+                    cstr: topic.as_ptr(),
+                },
+            ),
+            vu(
+                rdsys::rd_kafka_vtype_t::RD_KAFKA_VTYPE_VALUE,
+                rdsys::rd_kafka_vu_s__bindgen_ty_1 {
+                    mem: rdsys::rd_kafka_vu_s__bindgen_ty_1__bindgen_ty_1 {
+                        ptr: value.as_ptr() as *mut _,
+                        size: value.len(),
+                    },
+                },
+            ),
+            vu(
+                rdsys::rd_kafka_vtype_t::RD_KAFKA_VTYPE_MSGFLAGS,
+                rdsys::rd_kafka_vu_s__bindgen_ty_1 {
+                    i: rdsys::RD_KAFKA_MSG_F_COPY,
+                },
+            ),
+            vu(
+                rdsys::rd_kafka_vtype_t::RD_KAFKA_VTYPE_HEADERS,
+                rdsys::rd_kafka_vu_s__bindgen_ty_1 { headers },
+            ),
+        ];
+        let error = rdsys::rd_kafka_produceva(
+            producer.client().native_ptr(),
+            fields.as_ptr(),
+            fields.len(),
+        );
+        assert!(error.is_null(), "producing to {topic:?} failed");
+    }
+    producer.flush(Duration::from_secs(30)).unwrap();
+}

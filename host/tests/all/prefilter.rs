@@ -17,7 +17,9 @@ use tokio::sync::oneshot;
 
 use crate::api::{AWARDS, Server};
 use crate::owned_postgres::OwnedPostgres;
-use crate::pipeline_support::{Pipeline, dead_letter_messages, settings};
+use crate::pipeline_support::{
+    Pipeline, dead_letter_messages, dead_letters, produce_with_header_named, settings,
+};
 use crate::support;
 
 /// The three pipelines: one per format, all for source `bss`.
@@ -962,6 +964,41 @@ async fn a_replay_mark_without_a_valid_signature_is_ignored() {
         let counters = p.objective(user, "content-maker", "navi").await;
         assert_eq!(counters.get("metres"), Some(&metres), "{user}");
     }
+    prefilter.stop().await;
+    p.stop().await;
+}
+
+/// A header's name is bytes on the wire, and a producer can send some
+/// that are not UTF-8 (rdkafka's header iterators panic on them): the raw
+/// record is dead-lettered with why, a malformed event so named on a
+/// source is dead-lettered as any other, and the records after them count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_header_name_that_is_not_utf8_is_dead_lettered_and_stops_nothing() {
+    let mut p = Pipeline::start(AWARDS, &["bss"]).await;
+    let prefilter = Prefilter::start_kv(&p).await;
+    let brokers = p.broker.bootstrap_servers().to_string();
+    produce_with_header_named(&brokers, "events.bss", b"{not json", b"bad\xff\xfe");
+    let reasons = dead_letters(&brokers, "events.bss.dead", 1).await;
+    assert!(reasons[0].starts_with("malformed event"), "{reasons:?}");
+    produce_with_header_named(
+        &brokers,
+        "raw.kv",
+        b"ts=1764583200 uid=u-1 event=navi.trip_finished dist=7",
+        b"\xc3\x28",
+    );
+    send(
+        &p,
+        "raw.kv",
+        &["ts=1764583201 uid=u-2 event=navi.trip_finished dist=9"],
+    )
+    .await;
+    let dead = dead_letter_messages(&brokers, "raw.kv.dead", 1).await;
+    assert_eq!(dead[0].1, "header 0's name is not UTF-8", "{dead:?}");
+    // (events.bss also holds the malformed event: counted, not read back.)
+    p.settle("bss", "u-2").await;
+    let counters = p.objective("u-2", "content-maker", "navi").await;
+    assert_eq!(counters.get("metres"), Some(&9));
+    assert!(p.objective("u-1", "content-maker", "navi").await.is_empty());
     prefilter.stop().await;
     p.stop().await;
 }

@@ -5,10 +5,10 @@
 //! becomes of them.
 
 use rdkafka::Message;
-use rdkafka::message::{BorrowedMessage, Headers, OwnedMessage};
+use rdkafka::message::{Headers, OwnedMessage};
 
 use super::{ORIGIN_HEADER, REPLAY_FOR_HEADER, ReplayKey, SIGNATURE_HEADER, origin_in};
-use crate::ingest::{ReadBatch, message_bytes};
+use crate::ingest::{ReadBatch, Record};
 use crate::runtime::{PackedRecords, RawRecord};
 
 /// Where a message of the batch is.
@@ -137,25 +137,30 @@ impl RawBatch {
         }
     }
 
-    fn keep_whole(&mut self, message: &BorrowedMessage<'_>, settled: Settled, origin: (i32, i64)) {
+    fn keep_whole(&mut self, record: Record<'_>, settled: Settled, origin: (i32, i64)) {
         self.slots.push(Slot::Whole(self.whole.len()));
-        self.whole.push((message.detach(), settled, origin));
+        self.whole.push((record.detach(), settled, origin));
     }
 }
 
 impl ReadBatch for RawBatch {
-    fn take(&mut self, message: &BorrowedMessage<'_>) -> usize {
-        self.positions.push((message.partition(), message.offset()));
+    fn take(&mut self, record: Record<'_>) -> usize {
+        let at = (record.partition(), record.offset());
+        self.positions.push(at);
         // Read once: librdkafka parses a message's headers anew each time
-        // they are asked for.
-        let headers: Vec<(&str, &[u8])> = message
-            .headers()
-            .map(|h| {
-                h.iter()
-                    .map(|header| (header.key, header.value.unwrap_or_default()))
-                    .collect()
-            })
-            .unwrap_or_default();
+        // they are asked for. A producer can send any bytes as a name.
+        let raw = record.headers();
+        let mut headers: Vec<(&str, &[u8])> = Vec::with_capacity(raw.len());
+        for (index, (name, value)) in raw.iter().enumerate() {
+            match std::str::from_utf8(name) {
+                Ok(name) => headers.push((name, value.unwrap_or_default())),
+                Err(_) => {
+                    let reason = format!("header {index}'s name is not UTF-8");
+                    self.keep_whole(record, Settled::Dead(reason), at);
+                    return record.size();
+                }
+            }
+        }
         let header = |name: &str| headers.iter().find(|(n, _)| *n == name).map(|(_, v)| *v);
         // A replayed dead letter's mark (its pipeline, its first position),
         // if it is signed; one that is not is ignored.
@@ -179,14 +184,14 @@ impl ReadBatch for RawBatch {
         // position, so its events get the ids they would have had.
         let origin = mark
             .and_then(|(_, origin)| origin_in(Some(origin)))
-            .unwrap_or((message.partition(), message.offset()));
+            .unwrap_or(at);
         if mark.is_some_and(|(pipeline, _)| pipeline != self.pipeline.as_bytes()) {
-            self.keep_whole(message, Settled::NotOurs, origin);
-            return message_bytes(message);
+            self.keep_whole(record, Settled::NotOurs, origin);
+            return record.size();
         }
-        match message.payload() {
+        match record.payload() {
             None => self.keep_whole(
-                message,
+                record,
                 Settled::Dead("empty message: no value".into()),
                 origin,
             ),
@@ -196,28 +201,28 @@ impl ReadBatch for RawBatch {
                     value.len(),
                     self.max_bytes
                 );
-                self.keep_whole(message, Settled::Dead(reason), origin);
+                self.keep_whole(record, Settled::Dead(reason), origin);
             }
             Some(value) => {
                 let (partition, offset) = origin;
-                let record = RawRecord {
+                let raw = RawRecord {
                     partition,
                     offset,
                     value,
-                    key: message.key(),
-                    timestamp_ms: message.timestamp().to_millis(),
+                    key: record.key(),
+                    timestamp_ms: record.timestamp().to_millis(),
                     headers,
                 };
-                if self.packed.push(&record) {
+                if self.packed.push(&raw) {
                     self.slots.push(Slot::Packed(self.packed.len() - 1));
                 } else {
                     let reason =
                         "the pre-filter's batch passed 4 GiB: lower LAUREL_BATCH_MAX_BYTES";
-                    self.keep_whole(message, Settled::Dead(reason.into()), origin);
+                    self.keep_whole(record, Settled::Dead(reason.into()), origin);
                 }
             }
         }
-        message_bytes(message)
+        record.size()
     }
 
     fn count(&self) -> usize {

@@ -34,10 +34,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use rdkafka::Message;
 use rdkafka::TopicPartitionList;
-use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
-use rdkafka::message::Headers;
+use rdkafka::consumer::{CommitMode, Consumer};
+use rdkafka::message::BorrowedMessage;
 use rdkafka::producer::FutureProducer;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -54,8 +53,8 @@ pub use replay::{
 
 use super::kafka::{self, DeadLetters};
 use super::{
-    FIRST_WAIT, IngestSettings, NextBatch, Plan, ReadBatch, SourceContext, Verdict, first_offsets,
-    follow_pause, group_consumer, next_batch, next_offsets, rewind,
+    FIRST_WAIT, GroupConsumer, IngestSettings, NextBatch, Plan, ReadBatch, Record, Verdict,
+    first_offsets, follow_pause, group_consumer, next_batch, next_offsets, rewind,
 };
 use crate::catalog::Catalog;
 use crate::event::Envelope;
@@ -285,7 +284,7 @@ struct PipelineConsumer {
     pipeline: PipelineRow,
     out_topic: String,
     shared: Arc<Shared>,
-    consumer: StreamConsumer<SourceContext>,
+    consumer: GroupConsumer,
     paused: Arc<AtomicBool>,
     is_paused: bool,
     transform: Option<Binding<TransformInstance>>,
@@ -758,12 +757,12 @@ fn usable(verdict: &Verdict) -> bool {
 }
 
 /// A header's value, if the message has it.
-fn header<'a, M: Message>(message: &'a M, name: &str) -> Option<&'a [u8]> {
-    message
-        .headers()?
-        .iter()
-        .find(|h| h.key == name)
-        .and_then(|h| h.value)
+fn header<'a>(message: &'a BorrowedMessage<'_>, name: &str) -> Option<&'a [u8]> {
+    Record::borrowed(message)
+        .headers()
+        .into_iter()
+        .find(|(n, _)| *n == name.as_bytes())
+        .and_then(|(_, value)| value)
 }
 
 /// The position a `laurel-origin` header's value names (`partition/offset`).

@@ -18,16 +18,17 @@
 //! starts where this one ended. A record whose value was too large to keep
 //! in the dead letter cannot be replayed; it is counted and named.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, StreamConsumer};
-use rdkafka::message::{Headers, Message};
+use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 use serde::Serialize;
 
 use super::{dead_topic, header};
-use crate::ingest::kafka;
+use crate::ingest::{Record, kafka};
 use crate::store::PipelineRow;
 
 /// The first position of a replayed record: `PARTITION/OFFSET`.
@@ -163,13 +164,17 @@ pub async fn replay(
                         (REPLAY_FOR_HEADER, pipeline.name.as_bytes()),
                         (SIGNATURE_HEADER, signature.as_bytes()),
                     ];
-                    if let Some(own) = message.headers() {
-                        headers.extend(
-                            own.iter()
-                                .filter(|h| !h.key.starts_with("laurel-"))
-                                .map(|h| (h.key, h.value.unwrap_or_default())),
-                        );
-                    }
+                    // A name that is not UTF-8 (any producer can write
+                    // here) goes on with U+FFFD in place of what is not.
+                    let own: Vec<(Cow<'_, str>, &[u8])> = Record::borrowed(&message)
+                        .headers()
+                        .into_iter()
+                        .map(|(name, value)| {
+                            (String::from_utf8_lossy(name), value.unwrap_or_default())
+                        })
+                        .filter(|(name, _)| !name.starts_with("laurel-"))
+                        .collect();
+                    headers.extend(own.iter().map(|(name, value)| (name.as_ref(), *value)));
                     kafka::publish_bytes(
                         &producer,
                         &pipeline.input_topic,

@@ -1,0 +1,358 @@
+//! A group consumer whose records are read in batches from a queue of our
+//! own, and a view of one record that does not trust its headers.
+//!
+//! rdkafka hands out one message per poll of the consumer's queue, and
+//! each poll reads the clock four times and takes the queue's lock: a
+//! quarter of the pre-filter's time went there. librdkafka's batch call
+//! (`rd_kafka_consume_batch_queue`) cannot read the consumer's own queue
+//! here: rdkafka uses the event API without a rebalance callback, and a
+//! rebalance met inside a batch call is answered by unassigning every
+//! partition. So each partition's fetch queue is forwarded, before the
+//! partition is assigned, to a queue of our own that holds nothing but
+//! records, read in batches; rebalances, errors and commits stay on the
+//! consumer's queue, which the reader polls too ([`GroupConsumer::poll`]).
+//! A seek or a pause leaves the records already forwarded outdated, and
+//! librdkafka's batch call drops them as the consumer's queue would.
+//!
+//! Header names are bytes on the wire; rdkafka's iterators panic on one
+//! that is not UTF-8. [`Record::headers`] gives them as bytes.
+
+use std::borrow::Cow;
+use std::ffi::{CStr, CString, c_void};
+use std::ops::Deref;
+use std::sync::{Arc, Mutex};
+
+use rdkafka::bindings as rdsys;
+use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{BorrowedMessage, Header, OwnedHeaders, OwnedMessage};
+use rdkafka::{Timestamp, TopicPartitionList};
+use tokio::sync::Notify;
+use tracing::warn;
+
+use super::SourceContext;
+
+/// Records read in one batch call at most: a batch passes
+/// LAUREL_BATCH_MAX_BYTES by at most one such read.
+const READ_AT_ONCE: usize = 64;
+
+/// Our queue, shared by the consumer's context (which forwards partitions
+/// to it) and its reader; None once closed.
+pub(super) struct FetchQueue {
+    queue: Mutex<Option<NativeQueue>>,
+    /// Told when the queue goes from empty to not empty.
+    ready: Arc<Notify>,
+}
+
+struct NativeQueue(*mut rdsys::rd_kafka_queue_t);
+
+// SAFETY: librdkafka's queues are locked inside; the pointer is only used
+// under FetchQueue's mutex and destroyed once, when taken out of it.
+unsafe impl Send for NativeQueue {}
+
+unsafe extern "C" fn queue_not_empty(_: *mut rdsys::rd_kafka_t, opaque: *mut c_void) {
+    // SAFETY: `opaque` is the Notify the queue was given in
+    // `FetchQueue::open`, kept alive until the callback is removed.
+    let ready = unsafe { &*(opaque as *const Notify) };
+    ready.notify_one();
+}
+
+impl FetchQueue {
+    pub(super) fn new() -> Arc<FetchQueue> {
+        Arc::new(FetchQueue {
+            queue: Mutex::new(None),
+            ready: Arc::new(Notify::new()),
+        })
+    }
+
+    /// Makes the queue, on `consumer`'s client, before it subscribes.
+    fn open(&self, consumer: &StreamConsumer<SourceContext>) {
+        let rk = consumer.client().native_ptr();
+        // SAFETY: `rk` is a live consumer; the queue is destroyed in
+        // `close`, before the consumer is.
+        let queue = unsafe { rdsys::rd_kafka_queue_new(rk) };
+        let opaque = Arc::as_ptr(&self.ready) as *mut c_void;
+        // SAFETY: the Notify lives as long as `self`, which outlives the
+        // queue (closed in `close` or on drop).
+        unsafe { rdsys::rd_kafka_queue_cb_event_enable(queue, Some(queue_not_empty), opaque) };
+        *self.lock() = Some(NativeQueue(queue));
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<NativeQueue>> {
+        self.queue
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Forwards the fetch queues of `partitions`, about to be assigned, to
+    /// ours. A partition that cannot be forwarded stays on the consumer's
+    /// queue, which is read too.
+    pub(super) fn forward(
+        &self,
+        consumer: &BaseConsumer<SourceContext>,
+        partitions: &TopicPartitionList,
+    ) {
+        let guard = self.lock();
+        let Some(queue) = guard.as_ref() else { return };
+        let rk = consumer.client().native_ptr();
+        for element in partitions.elements() {
+            let Ok(topic) = CString::new(element.topic()) else {
+                continue;
+            };
+            // SAFETY: `rk` is live (we are in its rebalance callback); the
+            // partition queue handle is released right after forwarding.
+            unsafe {
+                let partition =
+                    rdsys::rd_kafka_queue_get_partition(rk, topic.as_ptr(), element.partition());
+                if partition.is_null() {
+                    warn!(
+                        message = "A partition could not be read in batches; it is read one record at a time.",
+                        topic = element.topic(),
+                        partition = element.partition()
+                    );
+                    continue;
+                }
+                rdsys::rd_kafka_queue_forward(partition, queue.0);
+                rdsys::rd_kafka_queue_destroy(partition);
+            }
+        }
+    }
+
+    /// Waits until the queue holds something (returns at once if it does).
+    pub(super) async fn ready(&self) {
+        loop {
+            let len = match self.lock().as_ref() {
+                // SAFETY: the queue is live while in the mutex.
+                Some(queue) => unsafe { rdsys::rd_kafka_queue_length(queue.0) },
+                None => 0,
+            };
+            if len > 0 {
+                return;
+            }
+            self.ready.notified().await;
+        }
+    }
+
+    /// Takes up to `max` records already here, without waiting, giving each
+    /// to `each` (a record that is an error as Err); returns how many.
+    pub(super) fn read(
+        &self,
+        max: usize,
+        mut each: impl FnMut(Result<Record<'_>, KafkaError>),
+    ) -> usize {
+        let guard = self.lock();
+        let Some(queue) = guard.as_ref() else {
+            return 0;
+        };
+        let mut messages = [std::ptr::null_mut::<rdsys::rd_kafka_message_t>(); READ_AT_ONCE];
+        let max = max.min(READ_AT_ONCE);
+        // SAFETY: the queue is live; `messages` has room for `max`.
+        let n =
+            unsafe { rdsys::rd_kafka_consume_batch_queue(queue.0, 0, messages.as_mut_ptr(), max) };
+        let n = usize::try_from(n).unwrap_or(0);
+        for &message in &messages[..n] {
+            // SAFETY: librdkafka gave us the message; it is destroyed once,
+            // below, after `each` (which cannot keep the borrow).
+            unsafe {
+                each(Record::checked(&*message));
+                rdsys::rd_kafka_message_destroy(message);
+            }
+        }
+        n
+    }
+
+    /// Destroys the queue; records forwarded later are dropped by
+    /// librdkafka. Safe to call more than once.
+    fn close(&self) {
+        if let Some(queue) = self.lock().take() {
+            // SAFETY: taken out of the mutex, so used by no one else.
+            unsafe {
+                rdsys::rd_kafka_queue_cb_event_enable(queue.0, None, std::ptr::null_mut());
+                rdsys::rd_kafka_queue_destroy(queue.0);
+            }
+        }
+    }
+}
+
+/// A consumer group member whose records come through its [`FetchQueue`].
+pub(super) struct GroupConsumer {
+    consumer: StreamConsumer<SourceContext>,
+    fetched: Arc<FetchQueue>,
+}
+
+impl GroupConsumer {
+    /// `consumer`, not yet subscribed, whose context forwards to `fetched`.
+    pub(super) fn new(
+        consumer: StreamConsumer<SourceContext>,
+        fetched: Arc<FetchQueue>,
+    ) -> GroupConsumer {
+        fetched.open(&consumer);
+        GroupConsumer { consumer, fetched }
+    }
+
+    pub(super) fn fetched(&self) -> &FetchQueue {
+        &self.fetched
+    }
+}
+
+impl Deref for GroupConsumer {
+    type Target = StreamConsumer<SourceContext>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.consumer
+    }
+}
+
+impl Drop for GroupConsumer {
+    fn drop(&mut self) {
+        // Before the consumer: our queue must go before its client.
+        self.fetched.close();
+    }
+}
+
+/// One consumed record, borrowed from librdkafka.
+#[derive(Clone, Copy)]
+pub(super) struct Record<'a> {
+    message: &'a rdsys::rd_kafka_message_t,
+}
+
+impl<'a> Record<'a> {
+    /// The record, or the error librdkafka delivered in its place.
+    fn checked(message: &'a rdsys::rd_kafka_message_t) -> Result<Record<'a>, KafkaError> {
+        match message.err {
+            rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR => Ok(Record { message }),
+            rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR__PARTITION_EOF => {
+                Err(KafkaError::PartitionEOF(message.partition))
+            }
+            code => Err(KafkaError::MessageConsumption(RDKafkaErrorCode::from(code))),
+        }
+    }
+
+    /// A record rdkafka read from the consumer's own queue.
+    pub(super) fn borrowed(message: &'a BorrowedMessage<'_>) -> Record<'a> {
+        // SAFETY: the message lives as long as the borrow.
+        Record {
+            message: unsafe { &*message.ptr() },
+        }
+    }
+
+    pub(super) fn partition(&self) -> i32 {
+        self.message.partition
+    }
+
+    pub(super) fn offset(&self) -> i64 {
+        self.message.offset
+    }
+
+    pub(super) fn key(&self) -> Option<&'a [u8]> {
+        // SAFETY: librdkafka's key pointer and length describe one buffer
+        // that lives as long as the message.
+        unsafe { bytes(self.message.key, self.message.key_len) }
+    }
+
+    pub(super) fn payload(&self) -> Option<&'a [u8]> {
+        // SAFETY: as for the key.
+        unsafe { bytes(self.message.payload, self.message.len) }
+    }
+
+    /// The value's and key's bytes (what counts toward a batch's bytes).
+    pub(super) fn size(&self) -> usize {
+        self.message.len + self.message.key_len
+    }
+
+    pub(super) fn topic(&self) -> Cow<'a, str> {
+        if self.message.rkt.is_null() {
+            return Cow::Borrowed("");
+        }
+        // SAFETY: a consumed message's topic handle and name live as long
+        // as the message.
+        unsafe { CStr::from_ptr(rdsys::rd_kafka_topic_name(self.message.rkt)) }.to_string_lossy()
+    }
+
+    pub(super) fn timestamp(&self) -> Timestamp {
+        let mut kind = rdsys::rd_kafka_timestamp_type_t::RD_KAFKA_TIMESTAMP_NOT_AVAILABLE;
+        let ptr = self.message as *const rdsys::rd_kafka_message_t;
+        // SAFETY: a live message.
+        let at = unsafe { rdsys::rd_kafka_message_timestamp(ptr, &mut kind) };
+        match kind {
+            _ if at == -1 => Timestamp::NotAvailable,
+            rdsys::rd_kafka_timestamp_type_t::RD_KAFKA_TIMESTAMP_CREATE_TIME => {
+                Timestamp::CreateTime(at)
+            }
+            rdsys::rd_kafka_timestamp_type_t::RD_KAFKA_TIMESTAMP_LOG_APPEND_TIME => {
+                Timestamp::LogAppendTime(at)
+            }
+            rdsys::rd_kafka_timestamp_type_t::RD_KAFKA_TIMESTAMP_NOT_AVAILABLE => {
+                Timestamp::NotAvailable
+            }
+        }
+    }
+
+    /// Its headers in order, names as the bytes they are (a producer can
+    /// send any); None for a header without a value.
+    pub(super) fn headers(&self) -> Vec<(&'a [u8], Option<&'a [u8]>)> {
+        let mut headers = std::ptr::null_mut();
+        let ptr = self.message as *const rdsys::rd_kafka_message_t;
+        // SAFETY: a live message; its parsed headers live as long as it.
+        let found = unsafe { rdsys::rd_kafka_message_headers(ptr, &mut headers) };
+        if found != rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR || headers.is_null() {
+            return Vec::new();
+        }
+        // SAFETY: as above.
+        let count = unsafe { rdsys::rd_kafka_header_cnt(headers) };
+        let mut all = Vec::with_capacity(count);
+        for index in 0..count {
+            let (mut name, mut value, mut size) = (std::ptr::null(), std::ptr::null(), 0);
+            // SAFETY: `index` is below the count; name is NUL-terminated.
+            unsafe {
+                if rdsys::rd_kafka_header_get_all(headers, index, &mut name, &mut value, &mut size)
+                    != rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR
+                {
+                    continue;
+                }
+                let name = CStr::from_ptr(name).to_bytes();
+                all.push((name, bytes(value.cast_mut(), size)));
+            }
+        }
+        all
+    }
+
+    /// A copy that outlives the consumer; a header name that is not UTF-8
+    /// is kept with U+FFFD in place of what is not.
+    pub(super) fn detach(&self) -> OwnedMessage {
+        let headers = self.headers();
+        let headers = (!headers.is_empty()).then(|| {
+            headers.iter().fold(
+                OwnedHeaders::new_with_capacity(headers.len()),
+                |all, (name, value)| {
+                    all.insert(Header {
+                        key: &String::from_utf8_lossy(name),
+                        value: *value,
+                    })
+                },
+            )
+        });
+        OwnedMessage::new(
+            self.payload().map(<[u8]>::to_vec),
+            self.key().map(<[u8]>::to_vec),
+            self.topic().into_owned(),
+            self.timestamp(),
+            self.partition(),
+            self.offset(),
+            headers,
+        )
+    }
+}
+
+/// The bytes at `at`, or None for a null pointer.
+///
+/// # Safety
+/// `at` must be null or point to `len` readable bytes living for `'a`.
+unsafe fn bytes<'a>(at: *mut c_void, len: usize) -> Option<&'a [u8]> {
+    if at.is_null() {
+        None
+    } else {
+        // SAFETY: the caller's.
+        Some(unsafe { std::slice::from_raw_parts(at as *const u8, len) })
+    }
+}

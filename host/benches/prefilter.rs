@@ -15,7 +15,8 @@
 //!   CPU`), consuming the topic through one `StreamConsumer` stream (as
 //!   the pre-filter reads a batch; `LAUREL_BENCH_BARE_RECV=1`: `recv` per
 //!   record) with the pre-filter's fetch settings, and dropping every
-//!   record. Laurel: the built `laurel serve --roles prefilter`, pinned to
+//!   record; then the same through librdkafka's batch call, 64 records at
+//!   a time as the pre-filter reads them, printed beside. Laurel: the built `laurel serve --roles prefilter`, pinned to
 //!   the same core, running one pipeline (`JsonTransform` in Wasm) over the
 //!   same topic. Each is timed from its first progress to its last record
 //!   (the consumer group's join is not throughput); the pre-filter's by
@@ -216,6 +217,9 @@ fn bare(brokers: &str, count: usize) {
             let (key, value) = setting.split_once('=').expect("key=value");
             config.set(key, value);
         }
+        if std::env::var_os("LAUREL_BENCH_BARE_BATCH").is_some() {
+            return bare_batch(config, count);
+        }
         let detach = std::env::var_os("LAUREL_BENCH_BARE_DETACH").is_some();
         // One stream for every record, as the pre-filter reads a batch
         // (`LAUREL_BENCH_BARE_RECV=1`: `recv`, which makes one per record).
@@ -244,6 +248,45 @@ fn bare(brokers: &str, count: usize) {
         black_box(bytes);
         println!("{}", (count - 1) as f64 / elapsed);
     });
+}
+
+/// Reads `count` records through librdkafka's batch call, 64 at a time,
+/// as the pre-filter does, and drops them: what reading alone costs on
+/// that path (rdkafka's API has no batch read). Its partitions are
+/// assigned, not joined through the group: a batch call on the consumer's
+/// queue must meet no rebalance (see the pre-filter's `fetch`).
+fn bare_batch(config: ClientConfig, count: usize) {
+    use rdkafka::bindings as rdsys;
+    let consumer: BaseConsumer = config.create().unwrap();
+    let mut assignment = TopicPartitionList::new();
+    for partition in 0..PARTITIONS {
+        assignment
+            .add_partition_offset(TOPIC, partition, Offset::Beginning)
+            .unwrap();
+    }
+    consumer.assign(&assignment).unwrap();
+    // SAFETY: the queue and every message are destroyed before the
+    // consumer; `messages` has room for what is asked.
+    let (mut seen, mut bytes, mut started) = (0usize, 0usize, None);
+    unsafe {
+        let queue = rdsys::rd_kafka_queue_get_consumer(consumer.client().native_ptr());
+        let mut messages = [std::ptr::null_mut::<rdsys::rd_kafka_message_t>(); 64];
+        while seen < count {
+            let n = rdsys::rd_kafka_consume_batch_queue(queue, 100, messages.as_mut_ptr(), 64);
+            for &message in &messages[..usize::try_from(n).unwrap_or(0)] {
+                if (*message).err == rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
+                    started.get_or_insert_with(Instant::now);
+                    bytes += (*message).len;
+                    seen += 1;
+                }
+                rdsys::rd_kafka_message_destroy(message);
+            }
+        }
+        rdsys::rd_kafka_queue_destroy(queue);
+    }
+    let elapsed = started.unwrap().elapsed().as_secs_f64();
+    black_box(bytes);
+    println!("{}", (count - 1) as f64 / elapsed);
 }
 
 /// A child process stopped (SIGTERM, then waited for) when dropped, also
@@ -319,19 +362,25 @@ async fn measure(server: &str, count: usize, cpu: usize) -> (f64, f64) {
         }
     }
 
-    // Bare: this binary, pinned.
-    let me = std::env::current_exe().unwrap();
-    let output = pinned(cpu, me.to_str().unwrap())
-        .env("LAUREL_BENCH_BARE_BROKERS", &brokers)
-        .env("LAUREL_BENCH_RECORDS", count.to_string())
-        .stderr(Stdio::inherit())
-        .output()
-        .unwrap();
-    assert!(output.status.success(), "the bare consumer failed");
-    let bare: f64 = String::from_utf8_lossy(&output.stdout)
-        .trim()
-        .parse()
-        .unwrap();
+    // Bare: this binary, pinned; rdkafka's consumer, then librdkafka's
+    // batch call.
+    let bare = |batch: bool| {
+        let me = std::env::current_exe().unwrap();
+        let mut command = pinned(cpu, me.to_str().unwrap());
+        command
+            .env("LAUREL_BENCH_BARE_BROKERS", &brokers)
+            .env("LAUREL_BENCH_RECORDS", count.to_string());
+        if batch {
+            command.env("LAUREL_BENCH_BARE_BATCH", "1");
+        }
+        let output = command.stderr(Stdio::inherit()).output().unwrap();
+        assert!(output.status.success(), "the bare consumer failed");
+        String::from_utf8_lossy(&output.stdout)
+            .trim()
+            .parse::<f64>()
+            .unwrap()
+    };
+    let (bare, bare_batch) = (bare(false), bare(true));
 
     // Laurel's pre-filter, pinned the same way.
     let cache = std::env::temp_dir().join("laurel-bench-prefilter-cache");
@@ -360,6 +409,10 @@ async fn measure(server: &str, count: usize, cpu: usize) -> (f64, f64) {
         trips(count)
     );
     println!("  kept: {kept} of {count} records (the trips), on events.bss");
+    println!(
+        "  for reference, librdkafka's batch call alone: {bare_batch:>8.0} records/s (the pre-filter at {:.2} of it; the goal is against rdkafka's consumer)",
+        laurel / bare_batch
+    );
     (bare, laurel)
 }
 

@@ -63,6 +63,17 @@ impl LocalBroker {
         &self.bootstrap
     }
 
+    /// Delays every response of the broker by `delay` (zero: at once): a
+    /// slow broker, not a dead one.
+    pub fn set_round_trip_time(&self, delay: Duration) -> anyhow::Result<()> {
+        self.owner
+            .client()
+            .mock_cluster()
+            .ok_or_else(|| anyhow::anyhow!("the local Kafka broker is not running"))?
+            .broker_round_trip_time(1, delay)
+            .map_err(|e| anyhow::anyhow!("failed to slow the local Kafka broker: {e}"))
+    }
+
     /// Creates a topic with `partitions` partitions (the mock broker also
     /// creates topics on first use, with 4).
     /// One that exists already is left as it is.

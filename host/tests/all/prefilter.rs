@@ -1003,6 +1003,69 @@ async fn a_header_name_that_is_not_utf8_is_dead_lettered_and_stops_nothing() {
     p.stop().await;
 }
 
+/// A slow broker, not a dead one: every response 2 s late while trips are
+/// read, kept and acknowledged. The pre-filter waits for its
+/// acknowledgements; once the broker is fast again, every trip is on
+/// `events.bss` and counts once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_broker_under_the_prefilter_loses_and_doubles_nothing() {
+    let mut p = Pipeline::start(AWARDS, &["bss"]).await;
+    let prefilter = Prefilter::start_kv(&p).await;
+    let trip = |n: usize| {
+        format!(
+            "ts={} uid=u-{} event=navi.trip_finished dist={}",
+            1764583200 + n,
+            n % 5,
+            10 + n
+        )
+    };
+    let send_all = |from: usize| {
+        let sends: Vec<_> = (from..from + 50)
+            .map(|n| {
+                let value = trip(n);
+                let producer = p.producer.clone();
+                async move {
+                    ingest::publish(&producer, "raw.kv", Some(b"k"), value.as_bytes(), &[]).await
+                }
+            })
+            .collect();
+        futures_util::future::join_all(sends)
+    };
+    for sent in send_all(0).await {
+        sent.unwrap();
+    }
+    assert_eq!(produced(&p, 50, FIVE_MINUTES).await.len(), 50);
+    p.broker
+        .set_round_trip_time(Duration::from_secs(2))
+        .unwrap();
+    for sent in send_all(50).await {
+        sent.unwrap();
+    }
+    // Read, kept and acknowledged while every response is late.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    p.broker.set_round_trip_time(Duration::ZERO).unwrap();
+    let kept = produced(&p, 100, FIVE_MINUTES).await;
+    let ids: BTreeSet<&str> = kept.iter().map(|(id, _)| id.as_str()).collect();
+    let want: Vec<String> = (0..100).map(|n| format!("raw.kv/0/{n}")).collect();
+    assert_eq!(
+        ids,
+        want.iter().map(String::as_str).collect::<BTreeSet<_>>(),
+        "{kept:?}"
+    );
+    for user in 0..5 {
+        let user = format!("u-{user}");
+        p.settle("bss", &user).await;
+        let metres: i64 = (0..100)
+            .filter(|n| format!("u-{}", n % 5) == user)
+            .map(|n| 10 + n as i64)
+            .sum();
+        let counters = p.objective(&user, "content-maker", "navi").await;
+        assert_eq!(counters.get("metres"), Some(&metres), "{user}");
+    }
+    prefilter.stop().await;
+    p.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transforms_told_the_kept_types_skip_the_rest_and_older_ones_still_run() {
     let runtime = support::runtime();

@@ -73,7 +73,7 @@ impl FetchQueue {
         let queue = unsafe { rdsys::rd_kafka_queue_new(rk) };
         let opaque = Arc::as_ptr(&self.ready) as *mut c_void;
         // SAFETY: the Notify lives as long as `self`, which outlives the
-        // queue (closed in `close` or on drop).
+        // queue (closed when its GroupConsumer is dropped).
         unsafe { rdsys::rd_kafka_queue_cb_event_enable(queue, Some(queue_not_empty), opaque) };
         *self.lock() = Some(NativeQueue(queue));
     }

@@ -290,37 +290,41 @@ impl<'a> Record<'a> {
 
     /// Its headers in order, names as the bytes they are (a producer can
     /// send any); None for a header without a value.
-    pub(super) fn headers(&self) -> Vec<(&'a [u8], Option<&'a [u8]>)> {
+    pub(super) fn headers(&self) -> impl Iterator<Item = (&'a [u8], Option<&'a [u8]>)> + use<'a> {
         let mut headers = std::ptr::null_mut();
         let ptr = self.message as *const rdsys::rd_kafka_message_t;
         // SAFETY: a live message; its parsed headers live as long as it.
         let found = unsafe { rdsys::rd_kafka_message_headers(ptr, &mut headers) };
-        if found != rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR || headers.is_null() {
-            return Vec::new();
-        }
-        // SAFETY: as above.
-        let count = unsafe { rdsys::rd_kafka_header_cnt(headers) };
-        let mut all = Vec::with_capacity(count);
-        for index in 0..count {
+        let count = if found == rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR
+            && !headers.is_null()
+        {
+            // SAFETY: as above.
+            unsafe { rdsys::rd_kafka_header_cnt(headers) }
+        } else {
+            0
+        };
+        (0..count).filter_map(move |index| {
             let (mut name, mut value, mut size) = (std::ptr::null(), std::ptr::null(), 0);
-            // SAFETY: `index` is below the count; name is NUL-terminated.
+            // SAFETY: `index` is below the count of headers that live as
+            // long as the message ('a); a name is NUL-terminated.
             unsafe {
-                if rdsys::rd_kafka_header_get_all(headers, index, &mut name, &mut value, &mut size)
-                    != rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR
-                {
-                    continue;
-                }
-                let name = CStr::from_ptr(name).to_bytes();
-                all.push((name, bytes(value.cast_mut(), size)));
+                let got = rdsys::rd_kafka_header_get_all(
+                    headers, index, &mut name, &mut value, &mut size,
+                );
+                (got == rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR).then(|| {
+                    (
+                        CStr::from_ptr(name).to_bytes(),
+                        bytes(value.cast_mut(), size),
+                    )
+                })
             }
-        }
-        all
+        })
     }
 
     /// A copy that outlives the consumer; a header name that is not UTF-8
     /// is kept with U+FFFD in place of what is not.
     pub(super) fn detach(&self) -> OwnedMessage {
-        let headers = self.headers();
+        let headers: Vec<_> = self.headers().collect();
         let headers = (!headers.is_empty()).then(|| {
             headers.iter().fold(
                 OwnedHeaders::new_with_capacity(headers.len()),

@@ -35,10 +35,10 @@ use std::time::Duration;
 
 use futures_util::{FutureExt, StreamExt};
 use rdkafka::consumer::{
-    BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
+    BaseConsumer, CommitMode, Consumer, ConsumerContext, MessageStream, Rebalance, StreamConsumer,
 };
-use rdkafka::error::KafkaError;
-use rdkafka::message::{Headers, Message, OwnedMessage};
+use rdkafka::error::{KafkaError, KafkaResult};
+use rdkafka::message::{BorrowedMessage, Headers, Message, OwnedMessage};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -439,20 +439,17 @@ async fn next_batch<B: ReadBatch>(
     // The consumer's own queue first: its rebalances and errors are served
     // at least once a batch, even while ours is never empty.
     let first = match own.next().now_or_never() {
-        Some(first) => Some(first),
+        Some(first) => Some(first.expect("kafka streams never end")),
         None => tokio::select! {
             // What is already fetched is taken even when `first_wait` is 0.
             biased;
-            _ = fetched.ready() => None,
-            first = own.next() => Some(first),
+            first = either(fetched, &mut own) => first,
             _ = stop.changed() => return NextBatch::Stop,
             _ = tokio::time::sleep(first_wait) => return NextBatch::Nothing,
         },
     };
-    if let Some(first) = first {
-        let first = first.expect("kafka streams never end");
-        let first = first.as_ref().map(Record::borrowed).map_err(Clone::clone);
-        take(batch, first, &mut bytes, &mut failed);
+    if let Some(first) = &first {
+        take(batch, own_record(first), &mut bytes, &mut failed);
     }
     // Bounded by count and by bytes, whatever the messages' sizes: a read
     // takes no more records than the largest so far fits in the bytes left.
@@ -475,25 +472,14 @@ async fn next_batch<B: ReadBatch>(
         }
         // What is already fetched is taken without arming a timer.
         let next = match own.next().now_or_never() {
-            Some(next) => next,
-            None => {
-                let either = async {
-                    tokio::select! {
-                        biased;
-                        _ = fetched.ready() => None,
-                        next = own.next() => Some(next),
-                    }
-                };
-                match tokio::time::timeout_at(deadline, either).await {
-                    Ok(Some(next)) => next,
-                    Ok(None) => continue,
-                    Err(_) => break,
-                }
-            }
+            Some(next) => next.expect("kafka streams never end"),
+            None => match tokio::time::timeout_at(deadline, either(fetched, &mut own)).await {
+                Ok(Some(next)) => next,
+                Ok(None) => continue,
+                Err(_) => break,
+            },
         };
-        let next = next.expect("kafka streams never end");
-        let next = next.as_ref().map(Record::borrowed).map_err(Clone::clone);
-        take(batch, next, &mut bytes, &mut failed);
+        take(batch, own_record(&next), &mut bytes, &mut failed);
     }
     match failed {
         None if batch.count() > 0 => {
@@ -520,11 +506,30 @@ async fn next_batch<B: ReadBatch>(
     }
 }
 
+/// Waits for either of a consumer's queues: records fetched into its own
+/// fetch queue (None: read them from there), or the next of the consumer's
+/// queue.
+async fn either<'a>(
+    fetched: &FetchQueue,
+    own: &mut MessageStream<'a, SourceContext>,
+) -> Option<KafkaResult<BorrowedMessage<'a>>> {
+    tokio::select! {
+        biased;
+        _ = fetched.ready() => None,
+        next = own.next() => Some(next.expect("kafka streams never end")),
+    }
+}
+
+/// A message of the consumer's own queue as [`take`] takes it.
+fn own_record<'m>(message: &'m KafkaResult<BorrowedMessage<'_>>) -> KafkaResult<Record<'m>> {
+    message.as_ref().map(Record::borrowed).map_err(Clone::clone)
+}
+
 /// Takes `record` into `batch`, counting its bytes, or keeps the first
 /// error.
 fn take<B: ReadBatch>(
     batch: &mut B,
-    record: Result<Record<'_>, KafkaError>,
+    record: KafkaResult<Record<'_>>,
     bytes: &mut usize,
     failed: &mut Option<KafkaError>,
 ) {

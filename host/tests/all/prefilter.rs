@@ -234,11 +234,11 @@ async fn raw_records_become_exactly_the_events_some_award_needs() {
     }
 
     // Ingest counted each trip once on the award.
-    for (user, metres) in &expected_trips {
-        p.settle("bss", user).await;
-        let counters = p.objective(user, "content-maker", "navi").await;
-        assert_eq!(counters.get("metres"), Some(metres), "{user}");
-    }
+    let expected: Vec<(&str, i64)> = expected_trips
+        .iter()
+        .map(|(u, m)| (u.as_str(), *m))
+        .collect();
+    assert_metres(&mut p, &expected).await;
 
     prefilter.stop().await;
     p.stop().await;
@@ -305,6 +305,16 @@ fn unique() -> u128 {
 }
 
 const FIVE_MINUTES: Duration = Duration::from_secs(300);
+
+/// Once ingest has taken each user's events so far, the user's metres on
+/// the award are as `expected` says.
+async fn assert_metres(p: &mut Pipeline, expected: &[(&str, i64)]) {
+    for (user, metres) in expected {
+        p.settle("bss", user).await;
+        let counters = p.objective(user, "content-maker", "navi").await;
+        assert_eq!(counters.get("metres"), Some(metres), "{user}");
+    }
+}
 
 /// The ids and types on `events.bss` once `want` are there (or `patience`
 /// has passed).
@@ -882,11 +892,7 @@ async fn dead_letters_replayed_after_a_fix_count_once_at_their_first_position() 
         BTreeSet::from(["raw.kv/0/0", "raw.kv/0/2"]),
         "{kept:?}"
     );
-    for (user, metres) in [("u-1", 7), ("u-2", 9)] {
-        p.settle("bss", user).await;
-        let counters = p.objective(user, "content-maker", "navi").await;
-        assert_eq!(counters.get("metres"), Some(&metres), "{user}");
-    }
+    assert_metres(&mut p, &[("u-1", 7), ("u-2", 9)]).await;
 
     // A second replay finds nothing new; a replay of no pipeline is refused.
     let again = replay();
@@ -959,11 +965,7 @@ async fn a_replay_mark_without_a_valid_signature_is_ignored() {
         BTreeSet::from(["raw.kv/0/0", "raw.kv/0/1", "raw.kv/0/2", "raw.kv/0/3"]),
         "{kept:?}"
     );
-    for (user, metres) in [("u-1", 7), ("u-2", 9), ("u-3", 11), ("u-4", 13)] {
-        p.settle("bss", user).await;
-        let counters = p.objective(user, "content-maker", "navi").await;
-        assert_eq!(counters.get("metres"), Some(&metres), "{user}");
-    }
+    assert_metres(&mut p, &[("u-1", 7), ("u-2", 9), ("u-3", 11), ("u-4", 13)]).await;
     prefilter.stop().await;
     p.stop().await;
 }
@@ -995,9 +997,7 @@ async fn a_header_name_that_is_not_utf8_is_dead_lettered_and_stops_nothing() {
     let dead = dead_letter_messages(&brokers, "raw.kv.dead", 1).await;
     assert_eq!(dead[0].1, "header 0's name is not UTF-8", "{dead:?}");
     // (events.bss also holds the malformed event: counted, not read back.)
-    p.settle("bss", "u-2").await;
-    let counters = p.objective("u-2", "content-maker", "navi").await;
-    assert_eq!(counters.get("metres"), Some(&9));
+    assert_metres(&mut p, &[("u-2", 9)]).await;
     assert!(p.objective("u-1", "content-maker", "navi").await.is_empty());
     prefilter.stop().await;
     p.stop().await;
@@ -1052,16 +1052,16 @@ async fn a_slow_broker_under_the_prefilter_loses_and_doubles_nothing() {
         want.iter().map(String::as_str).collect::<BTreeSet<_>>(),
         "{kept:?}"
     );
-    for user in 0..5 {
-        let user = format!("u-{user}");
-        p.settle("bss", &user).await;
-        let metres: i64 = (0..100)
-            .filter(|n| format!("u-{}", n % 5) == user)
-            .map(|n| 10 + n as i64)
-            .sum();
-        let counters = p.objective(&user, "content-maker", "navi").await;
-        assert_eq!(counters.get("metres"), Some(&metres), "{user}");
-    }
+    let users: Vec<String> = (0..5).map(|u| format!("u-{u}")).collect();
+    let expected: Vec<(&str, i64)> = (0..5)
+        .map(|u| {
+            (
+                users[u].as_str(),
+                (0..100).filter(|n| n % 5 == u).map(|n| 10 + n as i64).sum(),
+            )
+        })
+        .collect();
+    assert_metres(&mut p, &expected).await;
     prefilter.stop().await;
     p.stop().await;
 }

@@ -149,9 +149,8 @@ impl ReadBatch for RawBatch {
         self.positions.push(at);
         // Read once: librdkafka parses a message's headers anew each time
         // they are asked for. A producer can send any bytes as a name.
-        let raw = record.headers();
-        let mut headers: Vec<(&str, &[u8])> = Vec::with_capacity(raw.len());
-        for (index, (name, value)) in raw.iter().enumerate() {
+        let mut headers: Vec<(&str, &[u8])> = Vec::new();
+        for (index, (name, value)) in record.headers().enumerate() {
             match std::str::from_utf8(name) {
                 Ok(name) => headers.push((name, value.unwrap_or_default())),
                 Err(_) => {

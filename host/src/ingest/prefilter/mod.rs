@@ -760,7 +760,6 @@ fn usable(verdict: &Verdict) -> bool {
 fn header<'a>(message: &'a BorrowedMessage<'_>, name: &str) -> Option<&'a [u8]> {
     Record::borrowed(message)
         .headers()
-        .into_iter()
         .find(|(n, _)| *n == name.as_bytes())
         .and_then(|(_, value)| value)
 }

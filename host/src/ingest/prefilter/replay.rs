@@ -168,7 +168,6 @@ pub async fn replay(
                     // here) goes on with U+FFFD in place of what is not.
                     let own: Vec<(Cow<'_, str>, &[u8])> = Record::borrowed(&message)
                         .headers()
-                        .into_iter()
                         .map(|(name, value)| {
                             (String::from_utf8_lossy(name), value.unwrap_or_default())
                         })

@@ -31,6 +31,7 @@ use tokio::sync::Notify;
 use tracing::warn;
 
 use super::SourceContext;
+use super::kafka::queue_not_empty;
 
 /// Records read in one batch call at most: a batch passes
 /// LAUREL_BATCH_MAX_BYTES by at most one such read.
@@ -49,13 +50,6 @@ struct NativeQueue(*mut rdsys::rd_kafka_queue_t);
 // SAFETY: librdkafka's queues are locked inside; the pointer is only used
 // under FetchQueue's mutex and destroyed once, when taken out of it.
 unsafe impl Send for NativeQueue {}
-
-unsafe extern "C" fn queue_not_empty(_: *mut rdsys::rd_kafka_t, opaque: *mut c_void) {
-    // SAFETY: `opaque` is the Notify the queue was given in
-    // `FetchQueue::open`, kept alive until the callback is removed.
-    let ready = unsafe { &*(opaque as *const Notify) };
-    ready.notify_one();
-}
 
 impl FetchQueue {
     pub(super) fn new() -> Arc<FetchQueue> {

@@ -7,10 +7,25 @@ use std::time::Duration;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, Message, OwnedHeaders};
-use rdkafka::producer::{BaseProducer, FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{BaseProducer, Producer as _};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, warn};
+
+use super::produce::Producer;
+
+/// librdkafka calls this when a queue goes from empty to not empty (from
+/// its own threads, under the queue's lock); `opaque` is the queue's
+/// [`tokio::sync::Notify`], which must outlive the callback.
+pub(super) unsafe extern "C" fn queue_not_empty(
+    _: *mut rdkafka::bindings::rd_kafka_t,
+    opaque: *mut std::ffi::c_void,
+) {
+    // SAFETY: the caller that enabled the callback keeps the Notify alive
+    // until it removes it.
+    let ready = unsafe { &*(opaque as *const tokio::sync::Notify) };
+    ready.notify_one();
+}
 
 /// A Kafka-protocol broker in this process, for local use and tests:
 /// librdkafka's mock cluster, owned by a client made for it.
@@ -127,7 +142,7 @@ pub fn client_config(brokers: &str) -> ClientConfig {
 }
 
 /// A producer that waits for every acknowledgement.
-pub fn producer(brokers: &str) -> anyhow::Result<FutureProducer> {
+pub fn producer(brokers: &str) -> anyhow::Result<Producer> {
     producer_lingering(brokers, 5)
 }
 
@@ -135,14 +150,15 @@ pub fn producer(brokers: &str) -> anyhow::Result<FutureProducer> {
 /// for a caller that waits for a batch's acknowledgements before it goes
 /// on: waiting to fill a request only delays it; messages queued while a
 /// request is under way still go together).
-pub fn producer_lingering(brokers: &str, linger_ms: u32) -> anyhow::Result<FutureProducer> {
-    client_config(brokers)
-        .set("acks", "all")
-        .set("enable.idempotence", "true")
-        .set("linger.ms", linger_ms.to_string())
-        .set("message.timeout.ms", "30000")
-        .create()
-        .map_err(|e| anyhow::anyhow!("failed to create a Kafka producer for {brokers}: {e}"))
+pub fn producer_lingering(brokers: &str, linger_ms: u32) -> anyhow::Result<Producer> {
+    Producer::create(
+        client_config(brokers)
+            .set("acks", "all")
+            .set("enable.idempotence", "true")
+            .set("linger.ms", linger_ms.to_string())
+            .set("message.timeout.ms", "30000"),
+    )
+    .map_err(|e| anyhow::anyhow!("failed to create a Kafka producer for {brokers}: {e}"))
 }
 
 /// Headroom over the largest event for a dead letter's headers.
@@ -156,7 +172,7 @@ const DEAD_LETTER_HEADERS_BYTES: usize = 64 << 10;
 pub struct DeadLetters {
     brokers: String,
     max_event_bytes: usize,
-    producer: std::sync::Mutex<std::sync::Arc<FutureProducer>>,
+    producer: std::sync::Mutex<Producer>,
 }
 
 impl DeadLetters {
@@ -164,24 +180,22 @@ impl DeadLetters {
         Ok(DeadLetters {
             brokers: brokers.to_string(),
             max_event_bytes,
-            producer: std::sync::Mutex::new(std::sync::Arc::new(Self::create(
-                brokers,
-                max_event_bytes,
-            )?)),
+            producer: std::sync::Mutex::new(Self::create(brokers, max_event_bytes)?),
         })
     }
 
-    fn create(brokers: &str, max_event_bytes: usize) -> anyhow::Result<FutureProducer> {
+    fn create(brokers: &str, max_event_bytes: usize) -> anyhow::Result<Producer> {
         let max = max_event_bytes + 2 * DEAD_LETTER_HEADERS_BYTES + 1024;
-        client_config(brokers)
-            .set("acks", "all")
-            .set("enable.idempotence", "true")
-            // Its callers wait for each acknowledgement.
-            .set("linger.ms", "0")
-            .set("message.timeout.ms", "30000")
-            .set("message.max.bytes", max.to_string())
-            .create()
-            .map_err(|e| anyhow::anyhow!("failed to create a Kafka producer for {brokers}: {e}"))
+        Producer::create(
+            client_config(brokers)
+                .set("acks", "all")
+                .set("enable.idempotence", "true")
+                // Its callers wait for each acknowledgement.
+                .set("linger.ms", "0")
+                .set("message.timeout.ms", "30000")
+                .set("message.max.bytes", max.to_string()),
+        )
+        .map_err(|e| anyhow::anyhow!("failed to create a Kafka producer for {brokers}: {e}"))
     }
 
     /// Publishes one dead letter and waits for its acknowledgement. A
@@ -197,9 +211,9 @@ impl DeadLetters {
     ) -> anyhow::Result<()> {
         let producer = {
             let mut current = self.producer.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(fatal) = current.client().fatal_error() {
+            if let Some(fatal) = current.fatal_error() {
                 warn!(message = "The dead-letter producer failed; making a new one.", error = ?fatal);
-                *current = std::sync::Arc::new(Self::create(&self.brokers, self.max_event_bytes)?);
+                *current = Self::create(&self.brokers, self.max_event_bytes)?;
             }
             current.clone()
         };
@@ -232,16 +246,9 @@ impl DeadLetters {
             });
         }
         let value = value.filter(|v| v.len() <= self.max_event_bytes);
-        let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic).headers(owned);
-        if let Some(value) = value {
-            record = record.payload(value);
-        }
-        if let Some(key) = key {
-            record = record.key(key);
-        }
-        match producer.send(record, Duration::from_secs(30)).await {
+        match producer.send(topic, key, value, Some(owned)).await {
             Ok(_) => Ok(()),
-            Err((error, _)) => Err(anyhow::anyhow!("failed to publish to {topic}: {error}")),
+            Err(error) => Err(anyhow::anyhow!("failed to publish to {topic}: {error}")),
         }
     }
 }
@@ -249,7 +256,7 @@ impl DeadLetters {
 /// Puts events on topics for code outside ingest (HTTP functions), so
 /// rdkafka stays here.
 pub struct EventPublisher {
-    producer: FutureProducer,
+    producer: Producer,
 }
 
 impl EventPublisher {
@@ -284,7 +291,7 @@ impl EventPublisher {
 
 /// Publishes one message and waits for the broker to acknowledge it.
 pub async fn publish(
-    producer: &FutureProducer,
+    producer: &Producer,
     topic: &str,
     key: Option<&[u8]>,
     payload: &[u8],
@@ -296,7 +303,7 @@ pub async fn publish(
 
 /// As [`publish`], with header values of any bytes.
 pub async fn publish_bytes(
-    producer: &FutureProducer,
+    producer: &Producer,
     topic: &str,
     key: Option<&[u8]>,
     payload: &[u8],
@@ -309,11 +316,7 @@ pub async fn publish_bytes(
             value: Some(*value),
         });
     }
-    let mut record = FutureRecord::to(topic).payload(payload).headers(owned);
-    if let Some(key) = key {
-        record = record.key(key);
-    }
-    match producer.send(record, Duration::from_secs(30)).await {
+    match producer.send(topic, key, Some(payload), Some(owned)).await {
         Ok(delivery) => {
             debug!(
                 message = "Published.",
@@ -323,7 +326,7 @@ pub async fn publish_bytes(
             );
             Ok(())
         }
-        Err((error, _)) => Err(anyhow::anyhow!("failed to publish to {topic}: {error}")),
+        Err(error) => Err(anyhow::anyhow!("failed to publish to {topic}: {error}")),
     }
 }
 

@@ -14,6 +14,7 @@ mod fetch;
 mod kafka;
 mod plan;
 pub mod prefilter;
+mod produce;
 mod replay;
 mod verdict;
 
@@ -22,6 +23,7 @@ pub use kafka::{
     committed_ranges, consumer_lag, producer, publish, recent_messages, recent_payloads,
 };
 pub use plan::{Evaluation, Plan, Scope};
+pub use produce::{Delivered, Producer};
 pub use replay::{ReplayReport, replay};
 pub use verdict::Verdict;
 

@@ -12,7 +12,6 @@ use laurel::ingest::{self, IngestSettings, LocalBroker};
 use laurel::library;
 use laurel::registry::Registry;
 use laurel::store::Counters;
-use rdkafka::producer::FutureProducer;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -33,7 +32,7 @@ pub const MARKER_AWARD: &str = r#"{
 pub struct Pipeline {
     pub db: TestDb,
     pub broker: LocalBroker,
-    pub producer: FutureProducer,
+    pub producer: ingest::Producer,
     pub registry: Arc<Registry>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<anyhow::Result<()>>>,

@@ -140,6 +140,21 @@ async fn laurel_up_demo_prints_what_the_readme_shows_and_keeps_running() {
         "{replayed}"
     );
 
+    // No thread of the process polls a producer in rounds: rdkafka's
+    // FutureProducer thread busy-waits the end of each, and was the
+    // largest CPU user of an idle process.
+    let threads: Vec<String> = std::fs::read_dir(format!("/proc/{}/task", child.0.id()))
+        .unwrap()
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+        .collect();
+    assert!(threads.len() > 1, "{threads:?}");
+    assert!(
+        !threads
+            .iter()
+            .any(|name| name.starts_with("producer pollin")),
+        "{threads:?}"
+    );
+
     // SIGTERM: a clean stop.
     let status = Command::new("kill")
         .args(["-TERM", &child.0.id().to_string()])

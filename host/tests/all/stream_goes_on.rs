@@ -196,12 +196,8 @@ async fn hostile_corpus_is_dead_lettered_with_reasons_and_every_good_event_appli
             Some(value) => p.send_raw(bad.source, bad.key.as_deref(), value).await,
             None => {
                 // A tombstone: a key and no value at all.
-                let mut record = rdkafka::producer::FutureRecord::<[u8], [u8]>::to(&topic);
-                if let Some(key) = bad.key.as_deref() {
-                    record = record.key(key);
-                }
                 p.producer
-                    .send(record, std::time::Duration::from_secs(10))
+                    .send(&topic, bad.key.as_deref(), None, None)
                     .await
                     .unwrap();
             }

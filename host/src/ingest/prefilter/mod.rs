@@ -37,7 +37,6 @@ use std::time::Duration;
 use rdkafka::TopicPartitionList;
 use rdkafka::consumer::{CommitMode, Consumer};
 use rdkafka::message::BorrowedMessage;
-use rdkafka::producer::FutureProducer;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{Instrument, debug, error, info, info_span, warn};
@@ -53,8 +52,8 @@ pub use replay::{
 
 use super::kafka::{self, DeadLetters};
 use super::{
-    FIRST_WAIT, GroupConsumer, IngestSettings, NextBatch, Plan, ReadBatch, Record, Verdict,
-    first_offsets, follow_pause, group_consumer, next_batch, next_offsets, rewind,
+    FIRST_WAIT, GroupConsumer, IngestSettings, NextBatch, Plan, Producer, ReadBatch, Record,
+    Verdict, first_offsets, follow_pause, group_consumer, next_batch, next_offsets, rewind,
 };
 use crate::catalog::Catalog;
 use crate::event::Envelope;
@@ -78,7 +77,7 @@ struct Shared {
     registry: Arc<Registry>,
     catalog: Arc<Catalog>,
     dead_letters: DeadLetters,
-    producer: FutureProducer,
+    producer: Producer,
     replay_key: ReplayKey,
 }
 

@@ -551,6 +551,7 @@ fn parse_kind(kind: &str) -> Result<FunctionKind, String> {
 }
 
 pub fn main() -> ExitCode {
+    crate::without_huge_pages();
     let cli = Cli::parse();
     let otlp_endpoint = match &cli.command {
         Command::Up { serving, .. } | Command::Serve { serving, .. } => {

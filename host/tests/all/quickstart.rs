@@ -155,6 +155,16 @@ async fn laurel_up_demo_prints_what_the_readme_shows_and_keeps_running() {
         "{threads:?}"
     );
 
+    // Transparent huge pages are off: each first touch of mimalloc's
+    // arenas would zero 2 MiB (laurel::without_huge_pages).
+    let status = std::fs::read_to_string(format!("/proc/{}/status", child.0.id())).unwrap();
+    assert!(
+        status
+            .lines()
+            .any(|line| line.split_whitespace().eq(["THP_enabled:", "0"])),
+        "{status}"
+    );
+
     // SIGTERM: a clean stop.
     let status = Command::new("kill")
         .args(["-TERM", &child.0.id().to_string()])

@@ -147,8 +147,9 @@ impl ReadBatch for RawBatch {
     fn take(&mut self, record: Record<'_>) -> usize {
         let at = (record.partition(), record.offset());
         self.positions.push(at);
-        // Read once: librdkafka parses a message's headers anew each time
-        // they are asked for. A producer can send any bytes as a name.
+        // Read once: for a record without headers librdkafka builds and
+        // frees a parse buffer each time they are asked for (it caches only
+        // headers it found). A producer can send any bytes as a name.
         let mut headers: Vec<(&str, &[u8])> = Vec::new();
         for (index, (name, value)) in record.headers().enumerate() {
             match std::str::from_utf8(name) {

@@ -42,14 +42,14 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// from 1.04-1.35M (mean 1.16M) to 1.19-1.38M records/s (mean 1.29M)
 /// (`cargo bench --bench prefilter`, README). The kernel checks the flag
 /// at each fault, so memory mapped before this call is covered too.
-/// Returns whether they are off.
-pub fn without_huge_pages() -> bool {
+pub(crate) fn without_huge_pages() {
     if std::env::var("MIMALLOC_ALLOW_THP").is_ok_and(|v| v.trim() == "1") {
-        return false;
+        return;
     }
+    // SAFETY: PR_SET_THP_DISABLE takes an int flag and no pointers. It
+    // fails only on kernels older than 3.15, which leave them as they are.
     #[cfg(target_os = "linux")]
-    // SAFETY: PR_SET_THP_DISABLE takes an int flag and no pointers.
-    return unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) == 0 };
-    #[cfg(not(target_os = "linux"))]
-    return false;
+    unsafe {
+        libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
+    }
 }

@@ -27,15 +27,15 @@ use super::kafka::queue_not_empty;
 /// (`queue.buffering.max.messages`) before it fails.
 const ROOM_PATIENCE: Duration = Duration::from_secs(30);
 
+/// Events taken in one go before the task lets others run.
+const EVENTS_AT_ONCE: usize = 1024;
+
 /// Where the broker wrote a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Delivered {
     pub partition: i32,
     pub offset: i64,
 }
-
-/// Events taken in one go before the task lets others run.
-const EVENTS_AT_ONCE: usize = 1024;
 
 type Acknowledgement = oneshot::Sender<Result<Delivered, KafkaError>>;
 
@@ -164,31 +164,26 @@ impl Drop for Inner {
 /// the producer is dropped.
 async fn read_acknowledgements(producer: Weak<Inner>, ready: Arc<Notify>) {
     loop {
-        {
-            let Some(inner) = producer.upgrade() else {
-                return;
-            };
-            // SAFETY: the handle is live while `inner` is.
-            let mut taken = 0;
-            while unsafe { rdsys::rd_kafka_queue_length(inner.events) } > 0 {
-                // One event, without waiting: an acknowledgement's senders
-                // are told here, on this task.
-                inner.producer.poll(Duration::ZERO);
-                taken += 1;
-                if taken == EVENTS_AT_ONCE {
-                    break;
-                }
-            }
-            if taken == EVENTS_AT_ONCE {
-                // Others get the worker between long runs.
-                drop(inner);
-                tokio::task::yield_now().await;
-                continue;
-            }
+        let Some(inner) = producer.upgrade() else {
+            return;
+        };
+        let mut taken = 0;
+        // SAFETY: the handle is live while `inner` is.
+        while taken < EVENTS_AT_ONCE && unsafe { rdsys::rd_kafka_queue_length(inner.events) } > 0 {
+            // One event, without waiting: an acknowledgement's senders are
+            // told here, on this task.
+            inner.producer.poll(Duration::ZERO);
+            taken += 1;
         }
-        // An event that arrives after the length above was read finds the
-        // queue empty and calls us, so this returns at once.
-        ready.notified().await;
+        drop(inner);
+        if taken == EVENTS_AT_ONCE {
+            // Others get the worker between long runs.
+            tokio::task::yield_now().await;
+        } else {
+            // An event that arrives after the length above was read finds
+            // the queue empty and calls us, so this returns at once.
+            ready.notified().await;
+        }
     }
 }
 

@@ -156,7 +156,7 @@ async fn laurel_up_demo_prints_what_the_readme_shows_and_keeps_running() {
     );
 
     // Transparent huge pages are off: each first touch of mimalloc's
-    // arenas would zero 2 MiB (laurel::without_huge_pages).
+    // arenas would zero 2 MiB (`without_huge_pages` in lib.rs).
     let status = std::fs::read_to_string(format!("/proc/{}/status", child.0.id())).unwrap();
     assert!(
         status

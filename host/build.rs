@@ -29,6 +29,7 @@ const GUESTS: &[&str] = &[
     "reject-all-filter",
     "plain-filter",
     "plain-transform",
+    "disorderly-transform",
 ];
 
 fn main() {

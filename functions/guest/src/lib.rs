@@ -266,16 +266,30 @@ macro_rules! export_transform {
                     transform: api::TransformBorrow<'_>,
                     batch: $crate::wit::RecordBatch,
                     types: Option<Vec<String>>,
-                ) -> Vec<Result<Vec<$crate::Envelope>, String>> {
+                ) -> Vec<scope::Answer> {
                     let this: &Instance = transform.get();
+                    // Only the records that made events or are malformed
+                    // are answered for.
+                    let answer =
+                        |(index, events): (usize, Result<Vec<$crate::Envelope>, String>)| {
+                            let made_none = matches!(&events, Ok(made) if made.is_empty());
+                            (!made_none).then(|| scope::Answer {
+                                index: index as u32,
+                                events,
+                            })
+                        };
                     match types {
                         None => $crate::records(&batch)
                             .map(|r| $crate::Transform::transform(&this.0, &r))
+                            .enumerate()
+                            .filter_map(answer)
                             .collect(),
                         Some(types) => {
                             let wanted = |t: &str| types.iter().any(|w| w == t);
                             $crate::records(&batch)
                                 .map(|r| $crate::Transform::transform_wanted(&this.0, &r, &wanted))
+                                .enumerate()
+                                .filter_map(answer)
                                 .collect()
                         }
                     }

@@ -89,10 +89,18 @@ impl World for bindings::rule::Rule {
 type TransformBatch = bindings::transform::exports::laurel::award::transforms::RecordBatch;
 
 /// `transform-scope`'s `apply-for-types`.
-type ApplyForTypes = TypedFunc<(ResourceAny, TransformBatch, Option<Vec<String>>), ApplyAnswers>;
+type ApplyForTypes = TypedFunc<(ResourceAny, TransformBatch, Option<Vec<String>>), (Vec<Answer>,)>;
 
-/// What `apply` and `apply-for-types` answer.
-type ApplyAnswers = (Vec<Result<Vec<Transformed>, String>>,);
+/// `transform-scope`'s `answer`: what one record of a batch became (a
+/// record that made no event has none).
+#[derive(wasmtime::component::ComponentType, wasmtime::component::Lift, Debug)]
+#[component(record)]
+pub struct Answer {
+    /// The record's place in the batch.
+    pub index: u32,
+    /// The events it made (one or more), or why it is malformed.
+    pub events: Result<Vec<Transformed>, String>,
+}
 
 /// A transform's bindings, and its `transform-scope` export if it has one
 /// (a transform built before `transform-scope` existed does not).
@@ -708,60 +716,92 @@ impl TransformInstance {
             version: self.slot.function.version,
             reason: "the batch's bytes are over 4 GiB: send smaller batches".to_string(),
         })?;
-        self.apply_packed(&packed, types)
+        let mut every: Vec<_> = (0..records.len()).map(|_| Ok(Vec::new())).collect();
+        for answer in self.apply_packed(&packed, types)? {
+            every[answer.index as usize] = answer.events;
+        }
+        Ok(every)
     }
 
     /// As [`TransformInstance::apply_for_types`], on records packed as they
-    /// were read.
+    /// were read; answered for the records that made events or are
+    /// malformed only, in order (a record not named made none).
     pub fn apply_packed(
         &mut self,
         records: &PackedRecords,
         types: Option<&BTreeSet<String>>,
-    ) -> Result<Vec<Result<Vec<Transformed>, String>>, FunctionError> {
+    ) -> Result<Vec<Answer>, FunctionError> {
         let types: Option<Vec<String>> = types.map(|t| t.iter().cloned().collect());
         let batch = records.batch();
-        let answers =
-            self.slot.run(
-                move |world, store, resource| match (&world.apply_for_types, types) {
-                    // Lent, not copied: the batch crosses into the guest's
-                    // memory from where it was packed.
-                    (Some(scoped), Some(types)) => scoped
-                        .func()
-                        .typed::<(ResourceAny, &TransformBatch, Option<&[String]>), ApplyAnswers>(
-                            &*store,
-                        )?
-                        .call(store, (resource, batch, Some(&types)))
-                        .map(|(answers,)| answers),
-                    _ => world
-                        .bindings
-                        .laurel_award_transforms()
-                        .transform()
-                        .call_apply(store, resource, batch),
-                },
-            )?;
-        let records = records.len();
-        if answers.len() != records {
-            return Err(self.slot.invalid(format!(
-                "{} answers for {} records",
-                answers.len(),
-                records
-            )));
-        }
+        let count = records.len();
+        let answers = self.slot.run(move |world, store, resource| {
+            match (&world.apply_for_types, types) {
+                // Lent, not copied: the batch crosses into the guest's
+                // memory from where it was packed.
+                (Some(scoped), Some(types)) => scoped
+                    .func()
+                    .typed::<(ResourceAny, &TransformBatch, Option<&[String]>), (Vec<Answer>,)>(
+                        &*store,
+                    )?
+                    .call(store, (resource, batch, Some(&types)))
+                    .map(|(answers,)| Ok(answers)),
+                // One without `transform-scope` answers every record.
+                _ => world
+                    .bindings
+                    .laurel_award_transforms()
+                    .transform()
+                    .call_apply(store, resource, batch)
+                    .map(|every| sparse(every, count)),
+            }
+        })?;
+        let answers = answers.map_err(|reason| self.slot.invalid(reason))?;
         let max_text = self.slot.function.runtime.limits.max_text_bytes;
+        let mut next = 0;
         let mut checked = Vec::with_capacity(answers.len());
-        for answer in answers {
-            match answer {
+        for Answer { index, events } in answers {
+            let at = index as usize;
+            if at >= count {
+                return Err(self
+                    .slot
+                    .invalid(format!("an answer for record {at} of a batch of {count}")));
+            }
+            if at < next {
+                return Err(self.slot.invalid(format!(
+                    "an answer for record {at} after one for record {}: one answer a record at most, in the batch's order",
+                    next - 1
+                )));
+            }
+            next = at + 1;
+            let events = match events {
                 Ok(events) if events.len() > MAX_EVENTS_PER_RECORD => {
                     return Err(self.slot.invalid(format!(
                         "{} events from one record, over the limit of {MAX_EVENTS_PER_RECORD}",
                         events.len()
                     )));
                 }
-                Ok(events) => checked.push(Ok(events)),
-                Err(reason) => checked.push(Err(truncate(reason, max_text))),
-            }
+                Ok(events) => Ok(events),
+                Err(reason) => Err(truncate(reason, max_text)),
+            };
+            checked.push(Answer { index, events });
         }
         self.slot.succeeded();
         Ok(checked)
     }
+}
+
+/// `apply`'s answer for each of `count` records, as `apply-for-types`
+/// gives it (the records that made no event left out); or what is wrong
+/// with it.
+fn sparse(
+    every: Vec<Result<Vec<Transformed>, String>>,
+    count: usize,
+) -> Result<Vec<Answer>, String> {
+    if every.len() != count {
+        return Err(format!("{} answers for {count} records", every.len()));
+    }
+    Ok((0u32..)
+        .zip(every)
+        .filter(|(_, events)| !matches!(events, Ok(made) if made.is_empty()))
+        .map(|(index, events)| Answer { index, events })
+        .collect())
 }

@@ -36,7 +36,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 pub use bindings::{Contribution, Counter, ObjectiveState, Progress};
 pub use event::{Event, Field, Scalar};
 pub use instance::{
-    FilterInstance, RuleInstance, StrategyInstance, TransformInstance, Transformed,
+    Answer, FilterInstance, RuleInstance, StrategyInstance, TransformInstance, Transformed,
 };
 pub use records::{PackedRecords, RawRecord};
 

@@ -1159,6 +1159,73 @@ async fn transforms_told_the_kept_types_skip_the_rest_and_older_ones_still_run()
     p.stop().await;
 }
 
+/// A transform answers only for the records that made events or are
+/// malformed, by their place in the batch: an answer past the batch, or
+/// out of the batch's order, or twice for a record, is refused with what is
+/// wrong (and the pre-filter then tries the batch record by record).
+#[tokio::test(flavor = "multi_thread")]
+async fn answers_past_the_batch_or_out_of_its_order_are_refused_with_what_is_wrong() {
+    let runtime = support::runtime();
+    let bytes = support::guest_bytes("disorderly_transform");
+    let kept = BTreeSet::from(["navi.trip_finished".to_string()]);
+    let records: Vec<laurel::runtime::RawRecord<'_>> = (0..3)
+        .map(|n| laurel::runtime::RawRecord {
+            offset: n,
+            value: b"record",
+            ..Default::default()
+        })
+        .collect();
+    // Loaded anew each time: its failures are not counted together
+    // towards a quarantine.
+    let apply = |named: &str| {
+        let disorderly = runtime
+            .load(
+                "DisorderlyTransform",
+                1,
+                &bytes,
+                Some(FunctionKind::Transform),
+            )
+            .unwrap();
+        laurel::runtime::TransformInstance::new(disorderly, named)
+            .unwrap()
+            .apply_for_types("raw", &records, Some(&kept))
+            .map(|answers| {
+                answers
+                    .into_iter()
+                    .map(|a| a.map(|events| events.len()))
+                    .collect::<Vec<_>>()
+            })
+            .map_err(|e| e.to_string())
+    };
+    // The records not named made no event.
+    assert_eq!(
+        apply("0,2"),
+        Ok(vec![
+            Err("named".to_string()),
+            Ok(0),
+            Err("named".to_string())
+        ])
+    );
+    let refused = "function DisorderlyTransform v1 returned an invalid result: ";
+    for (named, why) in [
+        ("3", "an answer for record 3 of a batch of 3"),
+        (
+            "4294967295",
+            "an answer for record 4294967295 of a batch of 3",
+        ),
+        (
+            "2,1",
+            "an answer for record 1 after one for record 2: one answer a record at most, in the batch's order",
+        ),
+        (
+            "1,1",
+            "an answer for record 1 after one for record 1: one answer a record at most, in the batch's order",
+        ),
+    ] {
+        assert_eq!(apply(named), Err(format!("{refused}{why}")), "{named}");
+    }
+}
+
 /// `db` with the built-in functions, the test awards, source `bss` and the
 /// key=value pipeline; the registry they were applied with.
 async fn kv_pipeline_on(db: &support::TestDb) -> std::sync::Arc<Registry> {

@@ -38,16 +38,20 @@ pub(super) struct RawBatch {
     slots: Vec<Slot>,
     /// What the transform reads.
     packed: PackedRecords,
-    /// With what became of each, and where it first was.
-    whole: Vec<(OwnedMessage, Settled, (i32, i64))>,
+    /// The place in the batch of each packed record.
+    packed_places: Vec<usize>,
+    whole: Vec<Whole>,
 }
 
-/// How a message of the batch is read, as [`RawBatch::read`] tells it.
-pub(super) enum Read<'a> {
-    /// Read by the transform: its answers come in the batch's order.
-    Packed,
-    /// Not read by it.
-    Whole(&'a Settled),
+/// A message the transform does not read.
+struct Whole {
+    message: OwnedMessage,
+    /// What became of it.
+    settled: Settled,
+    /// Where it first was.
+    origin: (i32, i64),
+    /// Its place in the batch.
+    place: usize,
 }
 
 /// A raw record as its dead letter carries it.
@@ -75,6 +79,7 @@ impl RawBatch {
             positions: Vec::new(),
             slots: Vec::new(),
             packed: PackedRecords::new(topic),
+            packed_places: Vec::new(),
             whole: Vec::new(),
         }
     }
@@ -95,12 +100,15 @@ impl RawBatch {
         self.unsigned
     }
 
-    /// How message `index` is read.
-    pub(super) fn read(&self, index: usize) -> Read<'_> {
-        match self.slots[index] {
-            Slot::Packed(_) => Read::Packed,
-            Slot::Whole(n) => Read::Whole(&self.whole[n].1),
-        }
+    /// The place in the batch of the `n`-th record the transform reads.
+    pub(super) fn place_of_packed(&self, n: usize) -> usize {
+        self.packed_places[n]
+    }
+
+    /// The messages the transform does not read, by their place in the
+    /// batch, with what became of each.
+    pub(super) fn settled(&self) -> impl Iterator<Item = (usize, &Settled)> {
+        self.whole.iter().map(|whole| (whole.place, &whole.settled))
     }
 
     /// Message `index` as its dead letter carries it.
@@ -118,7 +126,7 @@ impl RawBatch {
                 }
             }
             Slot::Whole(n) => {
-                let message = &self.whole[n].0;
+                let message = &self.whole[n].message;
                 Letter {
                     key: message.key(),
                     value: message.payload().filter(|v| v.len() <= self.max_bytes),
@@ -130,7 +138,7 @@ impl RawBatch {
                                 .collect()
                         })
                         .unwrap_or_default(),
-                    origin: self.whole[n].2,
+                    origin: self.whole[n].origin,
                     at,
                 }
             }
@@ -139,7 +147,12 @@ impl RawBatch {
 
     fn keep_whole(&mut self, record: Record<'_>, settled: Settled, origin: (i32, i64)) {
         self.slots.push(Slot::Whole(self.whole.len()));
-        self.whole.push((record.detach(), settled, origin));
+        self.whole.push(Whole {
+            message: record.detach(),
+            settled,
+            origin,
+            place: self.positions.len() - 1,
+        });
     }
 }
 
@@ -215,6 +228,7 @@ impl ReadBatch for RawBatch {
                 };
                 if self.packed.push(&raw) {
                     self.slots.push(Slot::Packed(self.packed.len() - 1));
+                    self.packed_places.push(self.positions.len() - 1);
                 } else {
                     let reason =
                         "the pre-filter's batch passed 4 GiB: lower LAUREL_BATCH_MAX_BYTES";
@@ -234,6 +248,7 @@ impl ReadBatch for RawBatch {
         self.positions.clear();
         self.slots.clear();
         self.packed.clear();
+        self.packed_places.clear();
         self.whole.clear();
     }
 }

@@ -44,7 +44,7 @@ use tracing::{Instrument, debug, error, info, info_span, warn};
 mod batch;
 mod replay;
 
-use batch::{Letter, RawBatch, Read, Settled};
+use batch::{Letter, RawBatch, Settled};
 
 pub use replay::{
     ORIGIN_HEADER, REPLAY_FOR_HEADER, RawReplay, ReplayKey, SIGNATURE_HEADER, replay, replay_group,
@@ -59,7 +59,7 @@ use crate::catalog::Catalog;
 use crate::event::Envelope;
 use crate::metrics;
 use crate::registry::{Binding, Registry};
-use crate::runtime::{FunctionError, PackedRecords, TransformInstance, Transformed};
+use crate::runtime::{Answer, FunctionError, PackedRecords, TransformInstance, Transformed};
 use crate::store::{self, PipelineRow, Store};
 
 /// A pipeline's consumer group: `<prefix>.prefilter.<pipeline>`.
@@ -470,40 +470,41 @@ impl PipelineConsumer {
         // filters declare them) are not made (a transform with
         // `transform-scope` skips them) or dropped before any check.
         let types = self.plan().event_types();
-        let mut answers = self
-            .transform_all(batch.packed(), types.as_ref())?
-            .into_iter();
+        let answers = self.transform_all(batch.packed(), types.as_ref())?;
         let transformed = std::time::Instant::now();
-        let mut dropped = 0;
-        let mut fates: Vec<Fate> = Vec::with_capacity(batch.count());
-        for index in 0..batch.count() {
-            fates.push(match batch.read(index) {
-                Read::Whole(Settled::NotOurs) => Fate::Events(Vec::new()),
-                Read::Whole(Settled::Dead(reason)) => Fate::Dead(reason.clone()),
-                Read::Packed => match answers.next().expect("one answer per record") {
-                    Ok(events) if events.is_empty() => {
-                        // Nothing made (a transform told the kept types
-                        // leaves the others out): one record dropped.
-                        dropped += 1;
-                        Fate::Events(Vec::new())
+        // What became of the records that made events or are dead, by
+        // their place in the batch. Every other record made nothing (a
+        // transform told the kept types leaves the others out: each is
+        // one record dropped) or is another pipeline's.
+        let mut dropped = batch.packed().len() - answers.len();
+        let mut fates: Vec<(usize, Fate)> = batch
+            .settled()
+            .filter_map(|(place, settled)| match settled {
+                Settled::NotOurs => None,
+                Settled::Dead(reason) => Some((place, Fate::Dead(reason.clone()))),
+            })
+            .collect();
+        for Answer { index, events } in answers {
+            let fate = match events {
+                Ok(mut events) => {
+                    if let Some(types) = &types {
+                        let before = events.len();
+                        events.retain(|event| types.contains(&event.event_type));
+                        dropped += before - events.len();
                     }
-                    Ok(mut events) => {
-                        if let Some(types) = &types {
-                            let before = events.len();
-                            events.retain(|event| types.contains(&event.event_type));
-                            dropped += before - events.len();
-                        }
-                        self.checked(events)
-                    }
-                    Err(reason) => Fate::Dead(reason),
-                },
-            });
+                    self.checked(events)
+                }
+                Err(reason) => Fate::Dead(reason),
+            };
+            fates.push((batch.place_of_packed(index as usize), fate));
         }
+        // In the batch's order, so events go on as their records came.
+        fates.sort_by_key(|(place, _)| *place);
 
         // Keep what some objective can use.
         let (envelopes, jsons): (Vec<Envelope>, Vec<String>) = fates
             .iter_mut()
-            .filter_map(|fate| match fate {
+            .filter_map(|(_, fate)| match fate {
                 Fate::Events(events) => Some(events.drain(..)),
                 Fate::Dead(_) => None,
             })
@@ -565,18 +566,15 @@ impl PipelineConsumer {
         if let std::task::Poll::Ready(result) = futures_util::poll!(&mut acks) {
             acks = Box::pin(std::future::ready(result));
         }
-        let dead_letters = fates
-            .iter()
-            .enumerate()
-            .filter_map(|(index, fate)| match fate {
-                Fate::Dead(reason) => Some(dead_letter(
-                    &self.shared,
-                    &self.pipeline,
-                    batch.letter(index),
-                    reason,
-                )),
-                Fate::Events(_) => None,
-            });
+        let dead_letters = fates.iter().filter_map(|(place, fate)| match fate {
+            Fate::Dead(reason) => Some(dead_letter(
+                &self.shared,
+                &self.pipeline,
+                batch.letter(*place),
+                reason,
+            )),
+            Fate::Events(_) => None,
+        });
         let dead = futures_util::future::try_join_all(dead_letters)
             .await?
             .len() as u64;
@@ -657,7 +655,7 @@ impl PipelineConsumer {
         &mut self,
         records: &PackedRecords,
         types: Option<&BTreeSet<String>>,
-    ) -> Result<Vec<Result<Vec<Transformed>, String>>, BatchError> {
+    ) -> Result<Vec<Answer>, BatchError> {
         if records.is_empty() {
             return Ok(Vec::new());
         }
@@ -666,15 +664,20 @@ impl PipelineConsumer {
             Err(error) if holds(&error) => return Err(BatchError::Transform(error.to_string())),
             Err(_) => {}
         }
-        let mut answers = Vec::with_capacity(records.len());
+        let mut answers = Vec::new();
         for index in 0..records.len() {
-            match self.transform()?.apply_packed(&records.one(index), types) {
-                Ok(mut one) => answers.push(one.pop().unwrap_or(Ok(Vec::new()))),
+            let events = match self.transform()?.apply_packed(&records.one(index), types) {
+                Ok(mut one) => match one.pop() {
+                    Some(answer) => answer.events,
+                    None => continue,
+                },
                 Err(error) if holds(&error) => {
                     return Err(BatchError::Transform(error.to_string()));
                 }
-                Err(error) => answers.push(Err(error.to_string())),
-            }
+                Err(error) => Err(error.to_string()),
+            };
+            let index = u32::try_from(index).expect("a batch's records are counted in u32");
+            answers.push(Answer { index, events });
         }
         Ok(answers)
     }

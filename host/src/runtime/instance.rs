@@ -754,12 +754,11 @@ impl TransformInstance {
                     .map(|every| sparse(every, count)),
             }
         })?;
-        let answers = answers.map_err(|reason| self.slot.invalid(reason))?;
+        let mut answers = answers.map_err(|reason| self.slot.invalid(reason))?;
         let max_text = self.slot.function.runtime.limits.max_text_bytes;
         let mut next = 0;
-        let mut checked = Vec::with_capacity(answers.len());
-        for Answer { index, events } in answers {
-            let at = index as usize;
+        for Answer { index, events } in &mut answers {
+            let at = *index as usize;
             if at >= count {
                 return Err(self
                     .slot
@@ -772,20 +771,22 @@ impl TransformInstance {
                 )));
             }
             next = at + 1;
-            let events = match events {
+            match events {
                 Ok(events) if events.len() > MAX_EVENTS_PER_RECORD => {
                     return Err(self.slot.invalid(format!(
                         "{} events from one record, over the limit of {MAX_EVENTS_PER_RECORD}",
                         events.len()
                     )));
                 }
-                Ok(events) => Ok(events),
-                Err(reason) => Err(truncate(reason, max_text)),
-            };
-            checked.push(Answer { index, events });
+                Ok(_) => {}
+                Err(reason) => *reason = truncate(std::mem::take(reason), max_text),
+            }
         }
+        // A record named with no event made none, as one not named: each
+        // is counted once, as dropped.
+        answers.retain(|answer| !matches!(&answer.events, Ok(events) if events.is_empty()));
         self.slot.succeeded();
-        Ok(checked)
+        Ok(answers)
     }
 }
 

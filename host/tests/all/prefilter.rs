@@ -1206,6 +1206,30 @@ async fn answers_past_the_batch_or_out_of_its_order_are_refused_with_what_is_wro
             Err("named".to_string())
         ])
     );
+    // A record named with no event made none, as one not named: the
+    // pre-filter counts it once, as dropped, not as an answer.
+    let packed = laurel::runtime::PackedRecords::of("raw", &records).unwrap();
+    let answered = runtime
+        .load(
+            "DisorderlyTransform",
+            1,
+            &bytes,
+            Some(FunctionKind::Transform),
+        )
+        .map(|f| laurel::runtime::TransformInstance::new(f, "0:none,1,2:none").unwrap())
+        .unwrap()
+        .apply_packed(&packed, Some(&kept))
+        .unwrap();
+    assert_eq!(
+        answered
+            .iter()
+            .map(|a| (
+                a.index,
+                a.events.as_ref().map(Vec::len).map_err(String::clone)
+            ))
+            .collect::<Vec<_>>(),
+        vec![(1, Err("named".to_string()))]
+    );
     let refused = "function DisorderlyTransform v1 returned an invalid result: ";
     for (named, why) in [
         ("3", "an answer for record 3 of a batch of 3"),

@@ -1,8 +1,9 @@
 //! Test-only transform of the `scoped-transform` world, written with
 //! wit-bindgen alone so that its answers can be wrong as the SDK never
 //! makes them: its config lists record places (`"3,1"`), and
-//! `apply-for-types` answers for exactly those, in that order, each record
-//! named being malformed ("named"), whether or not the batch has it.
+//! `apply-for-types` answers for exactly those, in that order, whether or
+//! not the batch has them: each record named is malformed ("named"), or,
+//! written `N:none`, made no event.
 //! `apply` answers every record with no event.
 
 #[cfg(target_arch = "wasm32")]
@@ -23,7 +24,9 @@ mod component {
     struct Component;
 
     struct DisorderlyTransform {
-        named: Vec<u32>,
+        /// Each record named, and whether it made no event (else it is
+        /// malformed).
+        named: Vec<(u32, bool)>,
     }
 
     /// 11 words per record.
@@ -37,7 +40,14 @@ mod component {
         fn create(config: String) -> Result<transforms::Transform, String> {
             let named = config
                 .split(',')
-                .map(|n| n.trim().parse().map_err(|e| format!("{n:?}: {e}")))
+                .map(|n| -> Result<(u32, bool), String> {
+                    let (n, none) = match n.trim().strip_suffix(":none") {
+                        Some(n) => (n, true),
+                        None => (n.trim(), false),
+                    };
+                    let index = n.parse().map_err(|e| format!("{n:?}: {e}"))?;
+                    Ok((index, none))
+                })
                 .collect::<Result<_, _>>()?;
             Ok(transforms::Transform::new(DisorderlyTransform { named }))
         }
@@ -58,9 +68,13 @@ mod component {
             let this: &DisorderlyTransform = transform.get();
             this.named
                 .iter()
-                .map(|&index| Answer {
+                .map(|&(index, none)| Answer {
                     index,
-                    events: Err("named".to_string()),
+                    events: if none {
+                        Ok(Vec::new())
+                    } else {
+                        Err("named".to_string())
+                    },
                 })
                 .collect()
         }

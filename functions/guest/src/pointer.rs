@@ -114,9 +114,12 @@ impl JsonPointer {
         }
         let inner = &found[1..found.len() - 1];
         if !escaped {
-            return std::str::from_utf8(inner)
-                .map(|t| Some(Cow::Borrowed(t)))
-                .map_err(|_| ParseWhole);
+            // SAFETY: `locate` vouched for the whole text as UTF-8 (it is
+            // ASCII, or was checked), and `inner` lies between two ASCII
+            // quotes, so it starts and ends on character boundaries.
+            return Ok(Some(Cow::Borrowed(unsafe {
+                std::str::from_utf8_unchecked(inner)
+            })));
         }
         serde_json::from_slice::<String>(found)
             .map(|t| Some(Cow::Owned(t)))
@@ -286,6 +289,7 @@ impl Scan<'_> {
     }
 
     /// A string here, quotes included, and whether it holds escapes.
+    #[inline(always)]
     fn string(&mut self) -> Result<(Range<usize>, bool), ParseWhole> {
         let start = self.at;
         let (end, escaped) = string(self.bytes, start, &mut self.non_ascii)?;
@@ -297,9 +301,11 @@ impl Scan<'_> {
 // What a value is skipped with: each takes where to start and answers where
 // it stopped, so the position stays in a register rather than in memory
 // (in Wasm, linear memory), and `skip` goes through nested values in one
-// loop rather than by recursion.
+// loop rather than by recursion. The steps a token takes are inlined: in
+// Wasm a call that answers two values answers them through memory.
 
 /// Past any space from `at`.
+#[inline(always)]
 fn space(bytes: &[u8], mut at: usize) -> usize {
     while let Some(b' ' | b'\t' | b'\n' | b'\r') = bytes.get(at) {
         at += 1;
@@ -383,6 +389,7 @@ fn skip(
 }
 
 /// Past a member's key at `at` and its colon.
+#[inline(always)]
 fn member_key(bytes: &[u8], at: usize, non_ascii: &mut bool) -> Result<usize, ParseWhole> {
     if bytes.get(at) != Some(&b'"') {
         return Err(ParseWhole);
@@ -397,6 +404,7 @@ fn member_key(bytes: &[u8], at: usize, non_ascii: &mut bool) -> Result<usize, Pa
 
 /// Past the string at `start` (its opening quote), and whether it holds
 /// escapes.
+#[inline(always)]
 fn string(bytes: &[u8], start: usize, non_ascii: &mut bool) -> Result<(usize, bool), ParseWhole> {
     let mut at = start + 1;
     let mut escaped = false;
@@ -422,6 +430,7 @@ fn string(bytes: &[u8], start: usize, non_ascii: &mut bool) -> Result<(usize, bo
 /// Past the bytes of a string that need no look: eight at a time while
 /// none of them is a quote, a backslash, a control character or past
 /// ASCII.
+#[inline(always)]
 fn plain(bytes: &[u8], mut at: usize) -> usize {
     const ONES: u64 = 0x0101_0101_0101_0101;
     const HIGH: u64 = 0x8080_8080_8080_8080;
@@ -472,6 +481,7 @@ fn escape(bytes: &[u8], at: usize) -> Result<usize, ParseWhole> {
 /// `-?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?`; a number a float may
 /// not hold (an exponent, or very many digits) is left to a full parse
 /// unless it is surely within range.
+#[inline(always)]
 fn number(bytes: &[u8], start: usize) -> Result<usize, ParseWhole> {
     let mut at = start;
     if bytes.get(at) == Some(&b'-') {
@@ -515,6 +525,7 @@ fn number(bytes: &[u8], start: usize) -> Result<usize, ParseWhole> {
 }
 
 /// Past the digits from `at`: eight at a time while all eight are.
+#[inline(always)]
 fn digits(bytes: &[u8], mut at: usize) -> usize {
     const ONES: u64 = 0x0101_0101_0101_0101;
     while let Some(chunk) = bytes.get(at..at + 8) {

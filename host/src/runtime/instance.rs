@@ -236,6 +236,7 @@ impl<W: World> Slot<W> {
         let budget_ticks = self.deadline_ticks();
         let setup_ticks = (INSTANTIATE_AT_LEAST.as_micros() / TICK.as_micros()) as u64 + 1;
         store.set_epoch_deadline(budget_ticks.max(setup_ticks));
+        let _running = inner.ticker.running();
         let (pre, store_ref) = (&function.pre, &mut store);
         let world = outside_async(move || W::instantiate(pre, store_ref)).map_err(|e| {
             FunctionError::Instantiate {
@@ -304,7 +305,9 @@ impl<W: World> Slot<W> {
         live.store.set_epoch_deadline(ticks);
         let (world, store, resource) = (&live.world, &mut live.store, live.resource);
         let started = std::time::Instant::now();
+        let running = function.runtime.ticker.running();
         let result = outside_async(move || call(world, store, resource));
+        drop(running);
         metrics::observe(metrics::FUNCTION_SECONDS, &labels, started.elapsed());
         match result {
             Ok(value) => Ok(value),

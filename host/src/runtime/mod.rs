@@ -19,11 +19,12 @@ mod guest_output;
 pub mod http;
 mod instance;
 mod records;
+mod ticker;
 
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
@@ -278,6 +279,8 @@ pub struct Runtime {
 
 struct Inner {
     engine: Engine,
+    /// Advances the engine's epoch while a guest runs.
+    ticker: Arc<ticker::Ticker>,
     linker: Linker<GuestState>,
     limits: Limits,
     cache: Option<CompileCache>,
@@ -320,14 +323,15 @@ impl Runtime {
             .map_err(|e| anyhow::anyhow!("failed to define {}: {e}", bindings::TYPES_IMPORT))?;
 
         let cache = cache_dir.and_then(|dir| CompileCache::new(dir, &engine));
+        let ticker = ticker::Ticker::start(&engine, TICK, "laurel-wasm-epoch");
         let inner = Arc::new(Inner {
             engine,
+            ticker,
             linker,
             limits,
             cache,
             quarantines: Mutex::new(None),
         });
-        spawn_epoch_ticker(Arc::downgrade(&inner));
         Ok(Runtime { inner })
     }
 
@@ -481,19 +485,6 @@ fn kind_of(name: &str, component: &Component, engine: &Engine) -> Result<Functio
                 .join(", "),
         }),
     }
-}
-
-fn spawn_epoch_ticker(runtime: Weak<Inner>) {
-    std::thread::Builder::new()
-        .name("laurel-wasm-epoch".into())
-        .spawn(move || {
-            while let Some(inner) = runtime.upgrade() {
-                inner.engine.increment_epoch();
-                drop(inner);
-                std::thread::sleep(TICK);
-            }
-        })
-        .expect("failed to spawn the epoch ticker thread");
 }
 
 enum Pre {

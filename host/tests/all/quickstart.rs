@@ -155,6 +155,46 @@ async fn laurel_up_demo_prints_what_the_readme_shows_and_keeps_running() {
         "{threads:?}"
     );
 
+    // The Wasm epoch tickers sleep while no guest runs: ticking every 2 ms
+    // (5 ms for HTTP functions) they woke 500 (200) times a second.
+    let wakeups = || -> Vec<(String, u64)> {
+        let tasks = std::fs::read_dir(format!("/proc/{}/task", child.0.id())).unwrap();
+        tasks
+            .filter_map(|task| {
+                let path = task.ok()?.path();
+                let comm = std::fs::read_to_string(path.join("comm")).ok()?;
+                let comm = comm.trim_end();
+                if !comm.ends_with("-epo") {
+                    return None;
+                }
+                let status = std::fs::read_to_string(path.join("status")).ok()?;
+                let switches = status
+                    .lines()
+                    .find_map(|line| line.strip_prefix("voluntary_ctxt_switches:"))?
+                    .trim()
+                    .parse()
+                    .ok()?;
+                Some((comm.to_string(), switches))
+            })
+            .collect()
+    };
+    let before = wakeups();
+    let mut tickers: Vec<&str> = before.iter().map(|(name, _)| name.as_str()).collect();
+    tickers.sort();
+    assert_eq!(
+        tickers,
+        ["laurel-http-epo", "laurel-wasm-epo"],
+        "{threads:?}"
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    for ((name, was), (_, now)) in before.iter().zip(wakeups()) {
+        assert!(
+            now - was < 100,
+            "{name} woke {} times in 2 s with no guest running",
+            now - was
+        );
+    }
+
     // Transparent huge pages are off: each first touch of mimalloc's
     // arenas would zero 2 MiB (`without_huge_pages` in lib.rs).
     let status = std::fs::read_to_string(format!("/proc/{}/status", child.0.id())).unwrap();

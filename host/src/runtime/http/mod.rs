@@ -19,7 +19,7 @@ pub use host::{HttpServices, KvError, ProgressError};
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Arc, RwLock, Weak};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -33,6 +33,7 @@ use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpHooks, WasiHttpVi
 use self::manifest::{ComponentSpec, Manifest, OutboundHost};
 use super::MemoryLimiter;
 use super::guest_output::GuestOutput;
+use super::ticker::Ticker;
 use crate::metrics;
 
 /// Limits of one request to an HTTP function.
@@ -93,6 +94,8 @@ pub struct HttpFunctions {
 
 struct Inner {
     engine: Engine,
+    /// Advances the engine's epoch while a guest runs.
+    ticker: Arc<Ticker>,
     linker: Linker<HttpState>,
     app: Arc<str>,
     services: Arc<dyn HttpServices>,
@@ -275,8 +278,10 @@ impl HttpFunctions {
                 }),
             );
         }
+        let ticker = Ticker::start(&engine, TICK, "laurel-http-epoch");
         let inner = Arc::new(Inner {
             engine,
+            ticker,
             linker,
             app: manifest.name.as_str().into(),
             services,
@@ -284,7 +289,6 @@ impl HttpFunctions {
             components: RwLock::new(components),
             limits,
         });
-        spawn_epoch_ticker(Arc::downgrade(&inner));
         Ok(HttpFunctions { inner })
     }
 
@@ -426,6 +430,9 @@ impl HttpFunctions {
         let state = HttpState::new(&served.spec, spin, sizes, stderr.clone());
         let mut store = Store::new(&inner.engine, state);
         store.limiter(|s| &mut s.limiter);
+        // The guest runs within this call, and, for a wasi:http 0.2
+        // handler, in the task below until it returns.
+        let _running = inner.ticker.running();
         // Every tick the guest yields to the executor, so a busy component
         // never holds a worker thread (others' requests go on); past the
         // request's time limit it is interrupted.
@@ -494,7 +501,9 @@ impl HttpFunctions {
                     .new_response_outparam(sender)
                     .map_err(fail)?;
                 let pre = pre.clone();
+                let running = inner.ticker.running();
                 let task = tokio::spawn(async move {
+                    let _running = running;
                     let proxy = pre.instantiate_async(&mut store).await?;
                     proxy
                         .wasi_http_incoming_handler()
@@ -766,17 +775,4 @@ impl WasiHttpHooks for Outbound {
             ))
         })
     }
-}
-
-fn spawn_epoch_ticker(inner: Weak<Inner>) {
-    std::thread::Builder::new()
-        .name("laurel-http-epoch".into())
-        .spawn(move || {
-            while let Some(inner) = inner.upgrade() {
-                inner.engine.increment_epoch();
-                drop(inner);
-                std::thread::sleep(TICK);
-            }
-        })
-        .expect("failed to spawn the HTTP functions' epoch ticker thread");
 }

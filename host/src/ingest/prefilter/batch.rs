@@ -11,14 +11,6 @@ use super::{ORIGIN_HEADER, REPLAY_FOR_HEADER, ReplayKey, SIGNATURE_HEADER, origi
 use crate::ingest::{ReadBatch, Record};
 use crate::runtime::{PackedRecords, RawRecord};
 
-/// Where a message of the batch is.
-enum Slot {
-    /// The `n`-th packed record.
-    Packed(usize),
-    /// The `n`-th message kept whole.
-    Whole(usize),
-}
-
 /// What became of a message the transform does not read.
 pub(super) enum Settled {
     /// Another pipeline's replayed dead letter: nothing to do here.
@@ -35,11 +27,11 @@ pub(super) struct RawBatch {
     unsigned: usize,
     /// Where each message was read (partition, offset), in order.
     positions: Vec<(i32, i64)>,
-    slots: Vec<Slot>,
     /// What the transform reads.
     packed: PackedRecords,
-    /// The place in the batch of each packed record.
+    /// The place in the batch of each packed record (ascending).
     packed_places: Vec<usize>,
+    /// The messages kept whole (by ascending place).
     whole: Vec<Whole>,
 }
 
@@ -77,7 +69,6 @@ impl RawBatch {
             max_bytes,
             unsigned: 0,
             positions: Vec::new(),
-            slots: Vec::new(),
             packed: PackedRecords::new(topic),
             packed_places: Vec::new(),
             whole: Vec::new(),
@@ -114,8 +105,9 @@ impl RawBatch {
     /// Message `index` as its dead letter carries it.
     pub(super) fn letter(&self, index: usize) -> Letter<'_> {
         let at = self.positions[index];
-        match self.slots[index] {
-            Slot::Packed(n) => {
+        // Each message is either packed or kept whole.
+        match self.packed_places.binary_search(&index) {
+            Ok(n) => {
                 let record = self.packed.get(n);
                 Letter {
                     key: record.key,
@@ -125,7 +117,11 @@ impl RawBatch {
                     at,
                 }
             }
-            Slot::Whole(n) => {
+            Err(_) => {
+                let n = self
+                    .whole
+                    .binary_search_by_key(&index, |whole| whole.place)
+                    .expect("every message is packed or kept whole");
                 let message = &self.whole[n].message;
                 Letter {
                     key: message.key(),
@@ -146,7 +142,6 @@ impl RawBatch {
     }
 
     fn keep_whole(&mut self, record: Record<'_>, settled: Settled, origin: (i32, i64)) {
-        self.slots.push(Slot::Whole(self.whole.len()));
         self.whole.push(Whole {
             message: record.detach(),
             settled,
@@ -227,7 +222,6 @@ impl ReadBatch for RawBatch {
                     headers,
                 };
                 if self.packed.push(&raw) {
-                    self.slots.push(Slot::Packed(self.packed.len() - 1));
                     self.packed_places.push(self.positions.len() - 1);
                 } else {
                     let reason =
@@ -246,7 +240,6 @@ impl ReadBatch for RawBatch {
     fn clear(&mut self) {
         self.unsigned = 0;
         self.positions.clear();
-        self.slots.clear();
         self.packed.clear();
         self.packed_places.clear();
         self.whole.clear();

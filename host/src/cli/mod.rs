@@ -576,8 +576,12 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let ended = runtime.block_on(run(cli));
+    // `laurel up`'s in-process broker outlives the runtime, so its clients,
+    // tasks included, are gone before it.
+    let mut local_broker = None;
+    let ended = runtime.block_on(run(cli, &mut local_broker));
     drop(runtime);
+    drop(local_broker);
     telemetry.shutdown();
     match ended {
         Ok(()) => ExitCode::SUCCESS,
@@ -588,7 +592,7 @@ pub fn main() -> ExitCode {
     }
 }
 
-async fn run(cli: Cli) -> anyhow::Result<()> {
+async fn run(cli: Cli, local_broker: &mut Option<LocalBroker>) -> anyhow::Result<()> {
     let connections = &cli.connections;
     match cli.command {
         Command::Migrate { sandbox } => {
@@ -596,7 +600,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Up { demo, serving } => {
-            roles::up(connections, *serving, demo, shutdown_signal()).await
+            roles::up(connections, *serving, demo, local_broker, shutdown_signal()).await
         }
         Command::Serve { roles, serving } => {
             roles::serve(connections, *serving, &roles, shutdown_signal()).await

@@ -74,10 +74,14 @@ pub(super) async fn prepare(connections: &Connections, runtime: &Runtime) -> any
 }
 
 /// `laurel up`: every role in one process, until `shutdown` resolves.
+/// The in-process broker, when one is started, is left in `local`: the
+/// caller drops it after every client of it (spawned tasks included), so
+/// none sees its broker vanish while it shuts down.
 pub(super) async fn up(
     connections: &Connections,
     mut serving: Serving,
     demo: bool,
+    local: &mut Option<LocalBroker>,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     if demo {
@@ -88,12 +92,11 @@ pub(super) async fn up(
     prepare(connections, &runtime).await?;
     let registry = Registry::start(&connections.database_url, runtime).await?;
     print_functions(&registry);
-    // The local broker lives as long as this function.
-    let (brokers, local_broker) = match &serving.process.kafka_brokers {
-        Some(brokers) => (brokers.clone(), None),
+    let brokers = match &serving.process.kafka_brokers {
+        Some(brokers) => brokers.clone(),
         None => {
-            let broker = LocalBroker::start(None).await?;
-            create_source_topics(&broker, &connections.database_url).await?;
+            let broker = local.insert(LocalBroker::start(None).await?);
+            create_source_topics(broker, &connections.database_url).await?;
             println!(
                 "Kafka broker (in process, librdkafka mock cluster): {}",
                 broker.bootstrap_servers()
@@ -102,7 +105,7 @@ pub(super) async fn up(
                 "  produce with e.g.: kcat -P -b {} -t events.photos -k u-42",
                 broker.bootstrap_servers()
             );
-            (broker.bootstrap_servers().to_string(), Some(broker))
+            broker.bootstrap_servers().to_string()
         }
     };
     if demo {
@@ -118,7 +121,7 @@ pub(super) async fn up(
                 demo::RAW_TOPIC
             );
         }
-        if let Some(broker) = &local_broker {
+        if let Some(broker) = local {
             create_source_topics(broker, &connections.database_url).await?;
         }
         let brokers = brokers.clone();

@@ -1,7 +1,8 @@
 //! The README's first command, as a new user runs it: the built `laurel up
 //! --demo` prints what the README shows, serves its API, takes events from
 //! the printed broker address, and keeps what it cannot use for replay
-//! (`laurel dead-letters list|replay`); SIGTERM stops it cleanly.
+//! (`laurel dead-letters list|replay`); SIGTERM stops it cleanly, with no
+//! error logged from start to exit.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -28,10 +29,18 @@ async fn laurel_up_demo_prints_what_the_readme_shows_and_keeps_running() {
     let mut child = laurel(&db)
         .args(["up", "--demo"])
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .map(crate::support::KillOnDrop)
         .expect("laurel up --demo starts");
+    // Its log, read to the end as it is written (LAUREL_LOG=warn).
+    let stderr = child.0.stderr.take().unwrap();
+    let log = std::thread::spawn(move || {
+        BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+            .collect::<Vec<String>>()
+    });
     let stdout = child.0.stdout.take().unwrap();
     let (lines_tx, mut lines) = tokio::sync::mpsc::unbounded_channel::<String>();
     std::thread::spawn(move || {
@@ -143,10 +152,8 @@ async fn laurel_up_demo_prints_what_the_readme_shows_and_keeps_running() {
     // No thread of the process polls a producer in rounds: rdkafka's
     // FutureProducer thread busy-waits the end of each, and was the
     // largest CPU user of an idle process.
-    let threads: Vec<String> = std::fs::read_dir(format!("/proc/{}/task", child.0.id()))
-        .unwrap()
-        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
-        .collect();
+    let pid = child.0.id();
+    let threads: Vec<String> = tasks(pid).into_iter().map(|(name, _)| name).collect();
     assert!(threads.len() > 1, "{threads:?}");
     assert!(
         !threads
@@ -158,15 +165,10 @@ async fn laurel_up_demo_prints_what_the_readme_shows_and_keeps_running() {
     // The Wasm epoch tickers sleep while no guest runs: ticking every 2 ms
     // (5 ms for HTTP functions) they woke 500 (200) times a second.
     let wakeups = || -> Vec<(String, u64)> {
-        let tasks = std::fs::read_dir(format!("/proc/{}/task", child.0.id())).unwrap();
-        tasks
-            .filter_map(|task| {
-                let path = task.ok()?.path();
-                let comm = std::fs::read_to_string(path.join("comm")).ok()?;
-                let comm = comm.trim_end();
-                if !comm.ends_with("-epo") {
-                    return None;
-                }
+        tasks(pid)
+            .into_iter()
+            .filter(|(name, _)| name.ends_with("-epo"))
+            .filter_map(|(name, path)| {
                 let status = std::fs::read_to_string(path.join("status")).ok()?;
                 let switches = status
                     .lines()
@@ -174,7 +176,7 @@ async fn laurel_up_demo_prints_what_the_readme_shows_and_keeps_running() {
                     .trim()
                     .parse()
                     .ok()?;
-                Some((comm.to_string(), switches))
+                Some((name, switches))
             })
             .collect()
     };
@@ -223,5 +225,23 @@ async fn laurel_up_demo_prints_what_the_readme_shows_and_keeps_running() {
         std::thread::sleep(Duration::from_millis(100));
     };
     assert!(exit.success(), "{exit:?}");
+    // Nothing went wrong on the way, nor at the stop: the in-process
+    // broker outlives its clients (it went first, and each logged
+    // "AllBrokersDown").
+    let log = log.join().unwrap();
+    let errors: Vec<&String> = log.iter().filter(|l| l.contains(" ERROR ")).collect();
+    assert!(errors.is_empty(), "errors logged:\n{}", log.join("\n"));
     db.drop_database().await;
+}
+
+/// The threads of process `pid`: each one's name and /proc directory.
+fn tasks(pid: u32) -> Vec<(String, std::path::PathBuf)> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|task| {
+            let path = task.ok()?.path();
+            let name = std::fs::read_to_string(path.join("comm")).ok()?;
+            Some((name.trim_end().to_string(), path))
+        })
+        .collect()
 }

@@ -309,14 +309,17 @@ pub async fn publish_bytes(
     payload: &[u8],
     headers: &[(&str, &[u8])],
 ) -> anyhow::Result<()> {
-    let mut owned = OwnedHeaders::new();
-    for (name, value) in headers {
-        owned = owned.insert(Header {
-            key: name,
-            value: Some(*value),
-        });
-    }
-    match producer.send(topic, key, Some(payload), Some(owned)).await {
+    let owned = (!headers.is_empty()).then(|| {
+        headers
+            .iter()
+            .fold(OwnedHeaders::new(), |owned, (name, value)| {
+                owned.insert(Header {
+                    key: name,
+                    value: Some(*value),
+                })
+            })
+    });
+    match producer.send(topic, key, Some(payload), owned).await {
         Ok(delivery) => {
             debug!(
                 message = "Published.",

@@ -94,7 +94,12 @@ const FAMILIES: &[(&str, Kind, &str)] = &[
     (
         CONSUMER_LAG,
         Kind::Gauge,
-        "Messages not yet consumed by the source's consumer group, by source (read from the brokers at scrape time)",
+        "Messages not yet consumed by the source's consumer group, by source (as last read from the brokers, every 10 s)",
+    ),
+    (
+        PREFILTER_LAG,
+        Kind::Gauge,
+        "Raw records the pipeline's consumer group has not yet consumed from its input topic, by pipeline (as last read from the brokers, every 10 s)",
     ),
 ];
 
@@ -113,6 +118,7 @@ pub const HTTP_FUNCTION_REQUESTS: &str = "laurel_http_function_requests_total";
 pub const HTTP_FUNCTION_SECONDS: &str = "laurel_http_function_seconds";
 pub const CONSUMER_LAG: &str = "laurel_consumer_lag";
 pub const PREFILTER_EVENTS: &str = "laurel_prefilter_events_total";
+pub const PREFILTER_LAG: &str = "laurel_prefilter_lag";
 
 /// Upper bounds (seconds) of the latency histograms' buckets.
 const BUCKETS: [f64; 14] = [

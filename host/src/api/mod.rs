@@ -238,6 +238,8 @@ struct KafkaView {
     brokers: Option<Result<(), String>>,
     /// Consumer lag by source.
     lag: HashMap<String, Result<i64, String>>,
+    /// The pre-filter's consumer lag by pipeline (on its input topic).
+    pipeline_lag: HashMap<String, Result<i64, String>>,
 }
 
 async fn watch_kafka(
@@ -259,23 +261,38 @@ async fn watch_kafka(
         if store.as_ref().is_none_or(|s| s.is_closed()) {
             store = crate::store::Store::connect(&database_url).await.ok();
         }
-        let sources = match &store {
-            Some(store) => store.sources().await.unwrap_or_default(),
-            None => Vec::new(),
+        let (sources, pipelines) = match &store {
+            Some(store) => (
+                store.sources().await.unwrap_or_default(),
+                store.pipelines().await.unwrap_or_default(),
+            ),
+            None => (Vec::new(), Vec::new()),
         };
         let mut lag = HashMap::new();
+        let mut pipeline_lag = HashMap::new();
         if health.is_ok() {
+            let behind = |group: String, topic: String| {
+                let brokers = brokers.clone();
+                async move {
+                    crate::ingest::consumer_lag(&brokers, &group, &topic)
+                        .await
+                        .map_err(|e| e.to_string())
+                }
+            };
             for source in sources {
                 let group = format!("{group_prefix}.{}", source.name);
-                let value = crate::ingest::consumer_lag(&brokers, &group, &source.topic)
-                    .await
-                    .map_err(|e| e.to_string());
-                lag.insert(source.name, value);
+                lag.insert(source.name, behind(group, source.topic).await);
+            }
+            for pipeline in pipelines {
+                let group = crate::ingest::prefilter::group(&group_prefix, &pipeline.name);
+                let value = behind(group, pipeline.input_topic).await;
+                pipeline_lag.insert(pipeline.name, value);
             }
         }
         *shared.write().unwrap_or_else(|p| p.into_inner()) = KafkaView {
             brokers: Some(health),
             lag,
+            pipeline_lag,
         };
         drop(shared);
         tokio::time::sleep(every).await;
@@ -397,18 +414,32 @@ impl AppState {
         Ok(self.pool.get().await?)
     }
 
-    /// A source's consumer lag (messages its group has yet to consume).
-    /// A source's consumer lag as last read (every 10 s).
+    /// A source's consumer lag (messages its group has yet to consume),
+    /// as last read (every 10 s).
     fn lag(&self, source: &str) -> Result<i64, String> {
+        self.cached_lag(|view| view.lag.get(source), "source")
+    }
+
+    /// A pipeline's consumer lag on its input topic (raw records the
+    /// pre-filter has yet to take), as last read (every 10 s).
+    fn pipeline_lag(&self, pipeline: &str) -> Result<i64, String> {
+        self.cached_lag(|view| view.pipeline_lag.get(pipeline), "pipeline")
+    }
+
+    fn cached_lag(
+        &self,
+        of: impl FnOnce(&KafkaView) -> Option<&Result<i64, String>>,
+        what: &str,
+    ) -> Result<i64, String> {
         if self.settings.kafka_brokers.is_none() {
             return Err("this process has no Kafka brokers configured".to_string());
         }
         let view = self.kafka.read().unwrap_or_else(|p| p.into_inner());
-        match (&view.brokers, view.lag.get(source)) {
+        match (&view.brokers, of(&view)) {
             (_, Some(lag)) => lag.clone(),
             (None, None) => Err("not read yet (every 10 s)".to_string()),
             (Some(Err(error)), None) => Err(error.clone()),
-            (Some(Ok(())), None) => Err("not read yet (a new source)".to_string()),
+            (Some(Ok(())), None) => Err(format!("not read yet (a new {what})")),
         }
     }
 
@@ -840,27 +871,39 @@ async fn http_function(State(state): State<Arc<AppState>>, request: Request) -> 
     }
 }
 
-/// This process's counters and histograms, and each source's consumer lag
-/// read from the brokers now, in the Prometheus text format. Counters are
-/// served even when PostgreSQL or Kafka is away (the lag is then missing).
+/// This process's counters and histograms, and the consumer lag of each
+/// source and each pre-filter pipeline as last read from the brokers, in
+/// the Prometheus text format. Counters are served even when PostgreSQL or
+/// Kafka is away (the lag is then missing).
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
-    let sources = match state.store().await {
-        Ok(store) => store.sources().await.unwrap_or_default(),
-        Err(_) => Vec::new(),
+    let (sources, pipelines) = match state.store().await {
+        Ok(store) => (
+            store.sources().await.unwrap_or_default(),
+            store.pipelines().await.unwrap_or_default(),
+        ),
+        Err(_) => (Vec::new(), Vec::new()),
     };
-    let gauges: Vec<_> = sources
-        .iter()
-        .filter_map(|source| {
-            state
-                .lag(&source.name)
-                .ok()
-                .map(|lag| crate::metrics::Gauge {
-                    name: crate::metrics::CONSUMER_LAG,
-                    labels: vec![("source", source.name.clone())],
-                    value: lag as f64,
-                })
+    let gauge = |name, label, of: String, lag: Result<i64, String>| {
+        lag.ok().map(|lag| crate::metrics::Gauge {
+            name,
+            labels: vec![(label, of)],
+            value: lag as f64,
         })
-        .collect();
+    };
+    let sources = sources.into_iter().filter_map(|source| {
+        let lag = state.lag(&source.name);
+        gauge(crate::metrics::CONSUMER_LAG, "source", source.name, lag)
+    });
+    let pipelines = pipelines.into_iter().filter_map(|pipeline| {
+        let lag = state.pipeline_lag(&pipeline.name);
+        gauge(
+            crate::metrics::PREFILTER_LAG,
+            "pipeline",
+            pipeline.name,
+            lag,
+        )
+    });
+    let gauges: Vec<_> = sources.chain(pipelines).collect();
     (
         [(
             axum::http::header::CONTENT_TYPE,

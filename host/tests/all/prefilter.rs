@@ -505,6 +505,28 @@ async fn a_failing_transform_costs_its_records_and_its_pipeline_only() {
     p.stop().await;
 }
 
+/// Pipeline navi-kv's lag in `GET /admin/v1/pipelines/navi-kv` and in
+/// `/metrics`, once the first says `want` (or after a minute: what they
+/// say then).
+async fn lag(server: &Server, want: i64) -> (Value, f64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let stored = server.admin("GET", "/pipelines/navi-kv", None).await;
+        if stored.body["lag"] == want || std::time::Instant::now() > deadline {
+            let metrics = server.text("/metrics").await;
+            let gauge = metrics
+                .lines()
+                .find_map(|line| {
+                    let value = line.strip_prefix("laurel_prefilter_lag{pipeline=\"navi-kv\"} ")?;
+                    value.parse().ok()
+                })
+                .unwrap_or_else(|| panic!("no laurel_prefilter_lag for navi-kv in:\n{metrics}"));
+            return (stored.body["lag"].clone(), gauge);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pipeline_managed_over_http_runs_pauses_and_stops() {
     let p = Pipeline::start(AWARDS, &["bss"]).await;
@@ -548,10 +570,14 @@ async fn a_pipeline_managed_over_http_runs_pauses_and_stops() {
     );
     let listed = server.admin("GET", "/pipelines", None).await;
     assert_eq!(listed.body["pipelines"][0]["state"], "paused");
+    // What it has yet to take shows as its lag, over the API and in
+    // /metrics (read from the brokers every 200 ms here).
+    assert_eq!(lag(&server, 1).await, (json!(1), 1.0));
     server
         .admin("POST", "/pipelines/navi-kv/resume", None)
         .await;
     assert_eq!(produced(&p, 2, FIVE_MINUTES).await.len(), 2);
+    assert_eq!(lag(&server, 0).await, (json!(0), 0.0));
 
     // Refused whole, every problem named; nothing stored.
     let bad = json!({"input_topic": "events.bss", "source": "no spaces",

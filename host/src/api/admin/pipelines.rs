@@ -28,6 +28,12 @@ pub(super) struct StoredPipeline {
     state: &'static str,
     version: i32,
     updated_at: String,
+    /// Raw records its consumer group has not yet taken from the input
+    /// topic, as last read (`null`: unknown).
+    lag: Option<i64>,
+    /// Why the lag is unknown.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lag_error: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -37,8 +43,11 @@ struct TransformUse {
 }
 
 impl StoredPipeline {
-    fn of(row: PipelineRow) -> StoredPipeline {
+    fn of(state: &AppState, row: PipelineRow) -> StoredPipeline {
+        let lag = state.pipeline_lag(&row.name);
         StoredPipeline {
+            lag: lag.as_ref().ok().copied(),
+            lag_error: lag.err(),
             state: if row.paused { "paused" } else { "running" },
             name: row.name,
             input_topic: row.input_topic,
@@ -80,7 +89,10 @@ pub(super) async fn list(
 ) -> Result<Json<PipelineList>, ApiError> {
     let rows = state.store().await?.pipelines().await?;
     Ok(Json(PipelineList {
-        pipelines: rows.into_iter().map(StoredPipeline::of).collect(),
+        pipelines: rows
+            .into_iter()
+            .map(|row| StoredPipeline::of(&state, row))
+            .collect(),
     }))
 }
 
@@ -95,7 +107,7 @@ pub(super) async fn get(
 ) -> Result<Json<StoredPipeline>, ApiError> {
     stored(&state, &name)
         .await?
-        .map(|row| Json(StoredPipeline::of(row)))
+        .map(|row| Json(StoredPipeline::of(&state, row)))
         .ok_or_else(|| ApiError::NotFound(format!("no pipeline named {name}")))
 }
 

@@ -426,6 +426,31 @@ impl AppState {
         self.cached_lag(|view| view.pipeline_lag.get(pipeline), "pipeline")
     }
 
+    /// The lag gauges of `/metrics`: every source's and pipeline's lag as
+    /// last read (the watcher reads which there are from PostgreSQL, so a
+    /// scrape does not).
+    fn lag_gauges(&self) -> Vec<crate::metrics::Gauge> {
+        let view = self.kafka.read().unwrap_or_else(|p| p.into_inner());
+        let gauges = |name, label, lags: &HashMap<String, Result<i64, String>>| {
+            lags.iter()
+                .filter_map(|(of, lag)| {
+                    lag.as_ref().ok().map(|lag| crate::metrics::Gauge {
+                        name,
+                        labels: vec![(label, of.clone())],
+                        value: *lag as f64,
+                    })
+                })
+                .collect::<Vec<_>>()
+        };
+        let mut all = gauges(crate::metrics::CONSUMER_LAG, "source", &view.lag);
+        all.extend(gauges(
+            crate::metrics::PREFILTER_LAG,
+            "pipeline",
+            &view.pipeline_lag,
+        ));
+        all
+    }
+
     fn cached_lag(
         &self,
         of: impl FnOnce(&KafkaView) -> Option<&Result<i64, String>>,
@@ -873,37 +898,11 @@ async fn http_function(State(state): State<Arc<AppState>>, request: Request) -> 
 
 /// This process's counters and histograms, and the consumer lag of each
 /// source and each pre-filter pipeline as last read from the brokers, in
-/// the Prometheus text format. Counters are served even when PostgreSQL or
-/// Kafka is away (the lag is then missing).
+/// the Prometheus text format; a scrape asks neither PostgreSQL nor Kafka.
+/// Counters are served even when PostgreSQL or Kafka is away (the lag is
+/// then missing, from the watcher's next read on).
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
-    let (sources, pipelines) = match state.store().await {
-        Ok(store) => (
-            store.sources().await.unwrap_or_default(),
-            store.pipelines().await.unwrap_or_default(),
-        ),
-        Err(_) => (Vec::new(), Vec::new()),
-    };
-    let gauge = |name, label, of: String, lag: Result<i64, String>| {
-        lag.ok().map(|lag| crate::metrics::Gauge {
-            name,
-            labels: vec![(label, of)],
-            value: lag as f64,
-        })
-    };
-    let sources = sources.into_iter().filter_map(|source| {
-        let lag = state.lag(&source.name);
-        gauge(crate::metrics::CONSUMER_LAG, "source", source.name, lag)
-    });
-    let pipelines = pipelines.into_iter().filter_map(|pipeline| {
-        let lag = state.pipeline_lag(&pipeline.name);
-        gauge(
-            crate::metrics::PREFILTER_LAG,
-            "pipeline",
-            pipeline.name,
-            lag,
-        )
-    });
-    let gauges: Vec<_> = sources.chain(pipelines).collect();
+    let gauges = state.lag_gauges();
     (
         [(
             axum::http::header::CONTENT_TYPE,

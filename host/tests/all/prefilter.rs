@@ -1278,6 +1278,38 @@ async fn answers_past_the_batch_or_out_of_its_order_are_refused_with_what_is_wro
 
 /// `db` with the built-in functions, the test awards, source `bss` and the
 /// key=value pipeline; the registry they were applied with.
+/// With the brokers unreachable, a pipeline's lag is unknown and says why;
+/// the admin API and /metrics answer all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_brokers_away_a_pipelines_lag_is_unknown_and_says_why() {
+    let db = support::TestDb::new().await;
+    let registry = kv_pipeline_on(&db).await;
+    // Nothing listens on the discard port.
+    let server = Server::start(&db.url, registry, Some("127.0.0.1:9")).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let stored = loop {
+        let stored = server.admin("GET", "/pipelines/navi-kv", None).await;
+        assert_eq!(stored.status, 200, "{}", stored.body);
+        let unread = stored.body["lag_error"] == "not read yet (every 10 s)";
+        if !unread || std::time::Instant::now() > deadline {
+            break stored;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(stored.body["lag"], Value::Null, "{}", stored.body);
+    let why = stored.body["lag_error"].as_str().unwrap_or_default();
+    assert!(why.contains("127.0.0.1:9"), "{}", stored.body);
+    let listed = server.admin("GET", "/pipelines", None).await;
+    assert_eq!(listed.body["pipelines"][0]["lag_error"], why);
+    let metrics = server.text("/metrics").await;
+    assert!(
+        !metrics.contains("laurel_prefilter_lag{pipeline=\"navi-kv\"}"),
+        "{metrics}"
+    );
+    drop(server);
+    db.drop_database().await;
+}
+
 async fn kv_pipeline_on(db: &support::TestDb) -> std::sync::Arc<Registry> {
     let mut store = db.store().await;
     let runtime = support::runtime();

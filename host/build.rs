@@ -25,6 +25,8 @@ const GUESTS: &[&str] = &[
     "csv-transform",
     "hostile-function",
     "hostile-transform",
+    "hostile-filter",
+    "hostile-strategy",
     "accept-all-filter",
     "reject-all-filter",
     "plain-filter",
@@ -62,6 +64,7 @@ fn main() {
     println!("cargo:rustc-env=LAUREL_GUEST_DIR={}", wasm_dir.display());
 
     write_migrations(&root.join("migrations"), &out_dir.join("migrations.rs"));
+    write_guest_sdk(&root.join("functions/guest"), &out_dir.join("guest_sdk.rs"));
 }
 
 /// `cargo build` of guests for wasm32-wasip2 into `target_dir`.
@@ -135,6 +138,44 @@ fn write_migrations(dir: &Path, out: &Path) {
         let name = path.file_stem().unwrap().to_string_lossy().into_owned();
         code.push_str(&format!(
             "    ({name:?}, include_str!({:?})),\n",
+            path.display().to_string()
+        ));
+    }
+    code.push_str("]\n");
+    std::fs::write(out, code).unwrap();
+}
+
+/// Embeds the guest SDK's package (its manifest's `include`: the manifest,
+/// README, sources, examples and WIT), so `laurel functions new` can write
+/// it where cargo finds it with no registry.
+fn write_guest_sdk(dir: &Path, out: &Path) {
+    fn walk(dir: &Path, files: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(&path, files);
+            } else {
+                files.push(path);
+            }
+        }
+    }
+    let mut files = vec![
+        dir.join("Cargo.toml"),
+        dir.join("README.md"),
+        dir.join("wit/award.wit"),
+    ];
+    walk(&dir.join("src"), &mut files);
+    walk(&dir.join("examples"), &mut files);
+    files.sort();
+    let mut code = String::from("&[\n");
+    for path in files {
+        let relative = path
+            .strip_prefix(dir)
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        code.push_str(&format!(
+            "    ({relative:?}, include_str!({:?})),\n",
             path.display().to_string()
         ));
     }

@@ -1,5 +1,7 @@
 //! `laurel functions new`: a standalone crate for one function, outside
-//! any Laurel checkout: a Cargo.toml that depends on the guest SDK by
+//! any Laurel checkout: a Cargo.toml that depends on the guest SDK; the SDK
+//! itself in `vendor/laurel-guest` (by default: the copy this binary
+//! carries, so the crate builds with cargo and no registry); or by
 //! version, git or path; `.cargo/config.toml` for the wasm32-wasip2
 //! target; an example of the kind; a fixture case that passes against it;
 //! a five-line README. Templates: `host/scaffold/`; the example and its
@@ -11,13 +13,24 @@ use std::str::FromStr;
 
 use crate::runtime::FunctionKind;
 
-/// The guest SDK's version, the scaffold's default dependency (checked
-/// against `functions/guest/Cargo.toml` by a test).
+/// The guest SDK's version (checked against `functions/guest/Cargo.toml`
+/// by a test).
 pub const SDK_VERSION: &str = "0.1.0";
 
+/// The guest SDK's package, as this binary carries it: (path in the
+/// package, text).
+pub const SDK_FILES: &[(&str, &str)] = include!(concat!(env!("OUT_DIR"), "/guest_sdk.rs"));
+
+/// Where a bundled SDK goes in a scaffolded crate.
+pub const SDK_VENDOR_DIR: &str = "vendor/laurel-guest";
+
 /// Where a scaffolded crate gets the guest SDK (`laurel-guest`) from.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum Sdk {
+    /// The copy this binary carries, written into the crate
+    /// (`vendor/laurel-guest`): `bundled`, the default.
+    #[default]
+    Bundled,
     /// A version from the registry: `0.1.0`.
     Version(String),
     /// A git repository holding Laurel: `git:URL` or `git:URL#REV`.
@@ -26,16 +39,13 @@ pub enum Sdk {
     Path(PathBuf),
 }
 
-impl Default for Sdk {
-    fn default() -> Self {
-        Sdk::Version(SDK_VERSION.to_string())
-    }
-}
-
 impl FromStr for Sdk {
     type Err = String;
 
     fn from_str(spec: &str) -> Result<Sdk, String> {
+        if spec == "bundled" {
+            return Ok(Sdk::Bundled);
+        }
         if let Some(at) = spec.strip_prefix("git:") {
             let (url, rev) = match at.split_once('#') {
                 Some((url, rev)) => (url, Some(rev.to_string())),
@@ -67,7 +77,7 @@ impl FromStr for Sdk {
             return Ok(Sdk::Version(spec.to_string()));
         }
         Err(format!(
-            "{spec:?} is not an SDK source: a version (0.1.0), git:URL[#REV] or path:DIR"
+            "{spec:?} is not an SDK source: bundled, a version (0.1.0), git:URL[#REV] or path:DIR"
         ))
     }
 }
@@ -77,6 +87,11 @@ impl Sdk {
     fn dependency(&self) -> String {
         let quoted = |text: &str| serde_json::Value::from(text).to_string();
         match self {
+            Sdk::Bundled => format!(
+                "laurel-guest = {{ path = {}, version = {} }}",
+                quoted(SDK_VENDOR_DIR),
+                quoted(SDK_VERSION)
+            ),
             Sdk::Version(version) => format!("laurel-guest = {}", quoted(version)),
             Sdk::Git { url, rev: None } => format!("laurel-guest = {{ git = {} }}", quoted(url)),
             Sdk::Git {
@@ -110,7 +125,7 @@ pub fn create(name: &str, kind: FunctionKind, dir: &Path, sdk: &Sdk) -> Result<S
     check_name(name)?;
     let Some((example_name, (lib, config, input, expected))) = example(kind) else {
         return Err(format!(
-            "laurel functions new writes filter, rule, strategy and transform crates, not {kind}: an HTTP function is a spin-sdk crate (see \"HTTP functions\" in Laurel's README)"
+            "laurel functions new writes filter, rule, strategy and transform crates, not {kind}: an HTTP function is a spin-sdk crate (see Laurel's docs/http-functions.md)"
         ));
     };
     if dir.exists() {
@@ -154,8 +169,19 @@ pub fn create(name: &str, kind: FunctionKind, dir: &Path, sdk: &Sdk) -> Result<S
         ("fixtures/example/input.jsonl", input.into()),
         ("fixtures/example/expected.jsonl", expected.into()),
     ];
+    let vendored = match sdk {
+        Sdk::Bundled => SDK_FILES
+            .iter()
+            .map(|(path, text)| (format!("{SDK_VENDOR_DIR}/{path}"), text.to_string()))
+            .collect(),
+        _ => Vec::new(),
+    };
+    let files = files
+        .into_iter()
+        .map(|(path, text)| (path.to_string(), text))
+        .chain(vendored);
     let mut written = Vec::new();
-    for (path, text) in &files {
+    for (path, text) in files {
         let path = dir.join(path);
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent)
@@ -246,6 +272,11 @@ mod tests {
 
     #[test]
     fn sdk_sources_parse_and_write_a_dependency() {
+        assert_eq!(Sdk::default(), Sdk::Bundled);
+        assert_eq!(
+            "bundled".parse::<Sdk>().unwrap().dependency(),
+            r#"laurel-guest = { path = "vendor/laurel-guest", version = "0.1.0" }"#
+        );
         assert_eq!(
             "0.1.0".parse::<Sdk>().unwrap().dependency(),
             r#"laurel-guest = "0.1.0""#
@@ -269,6 +300,26 @@ mod tests {
         assert!(
             manifest.contains(&format!("\nversion = \"{SDK_VERSION}\"\n")),
             "functions/guest/Cargo.toml's version is not {SDK_VERSION}"
+        );
+    }
+
+    #[test]
+    fn the_bundled_sdk_is_the_whole_package_with_its_wit() {
+        let paths: Vec<&str> = SDK_FILES.iter().map(|(path, _)| *path).collect();
+        for needed in [
+            "Cargo.toml",
+            "README.md",
+            "src/lib.rs",
+            "wit/award.wit",
+            "examples/filter.rs",
+            "examples/fixtures/transform/expected.jsonl",
+        ] {
+            assert!(paths.contains(&needed), "{needed} missing from {paths:?}");
+        }
+        let (_, manifest) = SDK_FILES.iter().find(|(p, _)| *p == "Cargo.toml").unwrap();
+        assert!(
+            !manifest.contains(".workspace") && !manifest.contains("workspace = true"),
+            "the SDK's manifest must stand alone:\n{manifest}"
         );
     }
 

@@ -197,9 +197,11 @@ enum FunctionsCommand {
         /// The crate's folder [default: the name as a crate, e.g. good-rating].
         #[arg(long, value_name = "DIR")]
         dir: Option<PathBuf>,
-        /// Where the crate gets the guest SDK: a version (from the
-        /// registry), git:URL[#REV] or path:DIR.
-        #[arg(long, value_name = "SOURCE", default_value = crate::scaffold::SDK_VERSION)]
+        /// Where the crate gets the guest SDK: bundled (the copy this
+        /// binary carries, written to vendor/laurel-guest: no registry
+        /// needed), a version (from the registry), git:URL[#REV] or
+        /// path:DIR.
+        #[arg(long, value_name = "SOURCE", default_value = "bundled")]
         sdk: crate::scaffold::Sdk,
     },
     /// Run FILE against fixtures under the production limits, with no
@@ -637,15 +639,10 @@ mod tests {
 
     use super::Cli;
 
-    /// The README's settings table: flag -> (variable, default column).
-    fn readme_settings() -> BTreeMap<String, (String, String)> {
-        let readme = include_str!("../../../README.md");
-        let table = readme
-            .split("\n## Settings\n")
-            .nth(1)
-            .and_then(|rest| rest.split("\n## ").next())
-            .expect("the README has a Settings section");
-        table
+    /// The settings table of docs/settings.md: flag -> (variable, default
+    /// column).
+    fn documented_settings() -> BTreeMap<String, (String, String)> {
+        include_str!("../../../docs/settings.md")
             .lines()
             .filter(|line| line.starts_with("| `--"))
             .map(|line| {
@@ -678,12 +675,15 @@ mod tests {
     }
 
     #[test]
-    fn the_readme_table_names_every_setting_of_laurel_up_with_its_default() {
-        let readme = readme_settings();
+    fn the_settings_page_names_every_setting_of_laurel_up_with_its_default() {
+        let readme = documented_settings();
         let up = settings_of("up");
         let up_flags: Vec<&String> = up.keys().collect();
         let readme_flags: Vec<&String> = readme.keys().collect();
-        assert_eq!(up_flags, readme_flags, "README flags vs `laurel up`'s");
+        assert_eq!(
+            up_flags, readme_flags,
+            "docs/settings.md flags vs `laurel up`'s"
+        );
         for (flag, (env, default)) in &up {
             let (readme_env, readme_default) = &readme[flag];
             assert_eq!(env, readme_env, "{flag}'s variable");

@@ -225,7 +225,10 @@ impl<W: World> Slot<W> {
     fn instantiate(&self) -> Result<Live<W>, FunctionError> {
         let function = &self.function;
         let inner = &function.runtime;
-        let mut store = Store::new(&inner.engine, GuestState::new(inner.limits.memory_bytes));
+        let mut store = Store::new(
+            &inner.engine,
+            GuestState::new(inner.limits.memory_bytes, &function.sha256),
+        );
         store.limiter(|state| &mut state.limiter);
         // Instantiating and creating from config get at least a second:
         // the deadline counts wall time (epochs), and on a loaded machine
@@ -303,6 +306,7 @@ impl<W: World> Slot<W> {
             }
         };
         live.store.set_epoch_deadline(ticks);
+        live.store.data().random.reseed();
         let (world, store, resource) = (&live.world, &mut live.store, live.resource);
         let started = std::time::Instant::now();
         let running = function.runtime.ticker.running();

@@ -19,6 +19,7 @@ mod guest_output;
 pub mod http;
 mod instance;
 mod records;
+mod sandbox;
 mod ticker;
 
 use std::fmt;
@@ -314,8 +315,10 @@ impl Runtime {
             .map_err(|e| anyhow::anyhow!("failed to create the Wasm engine: {e}"))?;
 
         let mut linker = Linker::new(&engine);
-        // Even pure wasm32-wasip2 guests import wasi:cli and wasi:io.
+        // Even pure wasm32-wasip2 guests import wasi:cli and wasi:io; none
+        // of it may block (sandbox.rs).
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
+            .and_then(|()| sandbox::refuse_sleep(&mut linker))
             .map_err(|e| anyhow::anyhow!("failed to link WASI: {e}"))?;
         // The shared types interface has no functions; it only needs to exist.
         linker
@@ -577,6 +580,8 @@ pub(crate) struct GuestState {
     table: ResourceTable,
     limiter: MemoryLimiter,
     stderr: GuestOutput,
+    /// Reset before every call (sandbox.rs).
+    random: sandbox::SeededRandom,
 }
 
 impl WasiView for GuestState {
@@ -589,12 +594,14 @@ impl WasiView for GuestState {
 }
 
 impl GuestState {
-    fn new(memory_bytes: usize) -> GuestState {
+    /// The state of an instance of the component with this sha256.
+    fn new(memory_bytes: usize, sha256: &str) -> GuestState {
         let stderr = GuestOutput::new(2048);
-        // No environment, arguments, files or network: a function sees only
-        // what it is called with. Its stderr is kept (the tail) so a panic
-        // message can be reported.
-        let wasi = WasiCtx::builder().stderr(stderr.clone()).build();
+        // No environment, arguments, files or network, fixed clocks and
+        // seeded random: a function sees only what it is called with. Its
+        // stderr is kept (the tail) so a panic message can be reported.
+        let random = sandbox::SeededRandom::for_component(sha256);
+        let wasi = sandbox::wasi_ctx(stderr.clone(), &random);
         GuestState {
             wasi,
             table: ResourceTable::new(),
@@ -602,6 +609,7 @@ impl GuestState {
                 limit: memory_bytes,
             },
             stderr,
+            random,
         }
     }
 }

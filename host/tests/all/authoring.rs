@@ -166,7 +166,6 @@ fn scaffold_target() -> PathBuf {
 async fn a_scaffolded_function_builds_outside_the_checkout_passes_its_fixtures_and_goes_live() {
     let db = TestDb::new().await;
     let work = scratch("authoring");
-    let sdk = format!("path:{}", repo().join("functions/guest").display());
     // A running Laurel (its API) that takes one of them over HTTP.
     const ADMIN: &str = "authoring-admin-token";
     let mut running = laurel()
@@ -191,7 +190,7 @@ async fn a_scaffolded_function_builds_outside_the_checkout_passes_its_fixtures_a
         let started = Instant::now();
         let dir = work.join(kind);
         let output = laurel()
-            .args(["functions", "new", name, "--kind", kind, "--sdk", &sdk])
+            .args(["functions", "new", name, "--kind", kind])
             .arg("--dir")
             .arg(&dir)
             .output()
@@ -200,9 +199,18 @@ async fn a_scaffolded_function_builds_outside_the_checkout_passes_its_fixtures_a
         assert!(output.status.success(), "{stdout}\n{stderr}");
         assert!(stdout.contains("cargo build --release"), "{stdout}");
         let manifest = std::fs::read_to_string(dir.join("Cargo.toml")).unwrap();
+        // The SDK comes from the binary, not from this checkout or a
+        // registry: the crate builds anywhere cargo does.
         assert!(
-            manifest.contains("laurel-guest = { path = ") && !manifest.contains("workspace"),
+            manifest
+                .contains(r#"laurel-guest = { path = "vendor/laurel-guest", version = "0.1.0" }"#)
+                && !manifest.contains(&repo().display().to_string())
+                && !manifest.contains("workspace = true"),
             "{manifest}"
+        );
+        assert!(
+            dir.join("vendor/laurel-guest/wit/award.wit").is_file(),
+            "the SDK's WIT is written with it"
         );
         assert_eq!(
             std::fs::read_to_string(dir.join("README.md"))

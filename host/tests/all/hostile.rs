@@ -1,11 +1,16 @@
 //! Hostile guests: a real component (functions/testing/hostile) that loops,
-//! allocates 1 GiB, panics or floods its output on request. Each ends with a
-//! clear error within its budget, the host carries on, other functions keep
-//! working, and repeated failure quarantines the offender.
+//! allocates 1 GiB, panics, floods its output or sleeps on request, and a
+//! filter, strategy and transform that sleep. Each ends with a clear error
+//! within its budget, the host carries on, other functions keep working,
+//! and repeated failure quarantines the offender. Clocks and random read
+//! the same on every call.
 
 use std::time::{Duration, Instant};
 
-use laurel::runtime::{FilterInstance, FunctionError, Limits, RuleInstance};
+use laurel::runtime::{
+    FilterInstance, FunctionError, FunctionKind, Limits, ObjectiveState, RawRecord, RuleInstance,
+    StrategyInstance, TransformInstance,
+};
 
 use crate::support::{self, event_of_type};
 
@@ -217,4 +222,139 @@ fn success_resets_the_failure_count() {
         rule.contribute(&[event_of_type(&format!("ok-{round}"), "photo.created")])
             .expect("not quarantined");
     }
+}
+
+/// A guest that sleeps in a blocking WASI call would hold the host thread
+/// (the epoch deadline only fires while Wasm runs): it traps at once.
+fn assert_sleep_refused(error: FunctionError, name: &str, started: Instant) {
+    assert!(matches!(error, FunctionError::Trap { .. }), "{error:?}");
+    let message = error.to_string();
+    assert!(
+        message.starts_with(&format!("function {name} v1 trapped: "))
+            && message.contains("tried to sleep or wait on a clock"),
+        "{message}"
+    );
+    // A bound, not a benchmark: the guest asked for an hour.
+    let elapsed = started.elapsed();
+    assert!(
+        elapsed < Duration::from_secs(2),
+        "the sleep took {elapsed:?}"
+    );
+}
+
+#[test]
+fn a_sleeping_rule_traps_at_once_and_the_next_call_is_served() {
+    let (runtime, mut rule) = hostile(generous());
+    let started = Instant::now();
+    let error = rule
+        .contribute(&[event_of_type("e-sleep", "sleep")])
+        .unwrap_err();
+    assert_sleep_refused(error, "Hostile", started);
+    assert_still_serving(&runtime, &mut rule);
+}
+
+#[test]
+fn a_sleeping_filter_strategy_and_transform_trap_at_once() {
+    let runtime = support::runtime_with(generous());
+    let load = |name: &str, file: &str, kind| {
+        runtime
+            .load(name, 1, &support::guest_bytes(file), Some(kind))
+            .unwrap_or_else(|e| panic!("{name} loads: {e}"))
+    };
+
+    let mut filter = FilterInstance::new(
+        load("HostileFilter", "hostile_filter", FunctionKind::Filter),
+        "{}",
+    )
+    .unwrap();
+    let started = Instant::now();
+    let error = filter
+        .matches(&[event_of_type("f-sleep", "sleep")])
+        .unwrap_err();
+    assert_sleep_refused(error, "HostileFilter", started);
+    assert_eq!(
+        filter
+            .matches(&[event_of_type("f-ok", "photo.created")])
+            .unwrap(),
+        vec![true],
+        "a new instance answers the next call"
+    );
+
+    let strategy = load(
+        "HostileStrategy",
+        "hostile_strategy",
+        FunctionKind::Strategy,
+    );
+    let user = vec![ObjectiveState {
+        objective_id: "photos".into(),
+        value: 3.0,
+        counters: vec![],
+    }];
+    let mut sleepy = StrategyInstance::new(
+        strategy.clone(),
+        r#"{"objective": "photos", "goal": 5, "sleep": true}"#,
+    )
+    .unwrap();
+    let started = Instant::now();
+    let error = sleepy.evaluate(std::slice::from_ref(&user)).unwrap_err();
+    assert_sleep_refused(error, "HostileStrategy", started);
+    let mut awake =
+        StrategyInstance::new(strategy, r#"{"objective": "photos", "goal": 5}"#).unwrap();
+    let progress = awake.evaluate(&[user]).unwrap().remove(0).unwrap();
+    assert_eq!((progress.progress, progress.goal), (3.0, 5.0));
+
+    let mut transform = TransformInstance::new(
+        load(
+            "HostileTransform",
+            "hostile_transform",
+            FunctionKind::Transform,
+        ),
+        "{}",
+    )
+    .unwrap();
+    let record = |value: &'static str| RawRecord {
+        value: value.as_bytes(),
+        ..Default::default()
+    };
+    let started = Instant::now();
+    let error = transform.apply("raw", &[record("sleep")]).unwrap_err();
+    assert_sleep_refused(error, "HostileTransform", started);
+    let answers = transform
+        .apply("raw", &[record("u-1 navi.trip_finished")])
+        .unwrap();
+    assert_eq!(answers[0].as_ref().unwrap().len(), 1);
+}
+
+/// The clocks answer a fixed value and random is seeded per call: a
+/// redelivered event, a backfill and a shadow diff get the first answer.
+#[test]
+fn clocks_are_fixed_and_random_repeats_on_every_call() {
+    let (runtime, mut rule) = hostile(generous());
+    let read = |rule: &mut RuleInstance, id: &str| -> Vec<(String, i64)> {
+        let answers = rule.contribute(&[event_of_type(id, "clock")]).unwrap();
+        answers[0]
+            .as_ref()
+            .unwrap()
+            .as_ref()
+            .unwrap()
+            .counters
+            .iter()
+            .map(|c| (c.name.clone(), c.value))
+            .collect()
+    };
+    let first = read(&mut rule, "c-1");
+    assert_eq!(first[0], ("wall".to_string(), 0), "{first:?}");
+    assert_eq!(first[1], ("monotonic".to_string(), 0), "{first:?}");
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(read(&mut rule, "c-2"), first, "the same instance, later");
+    let function = runtime
+        .load(
+            "Hostile",
+            1,
+            &support::guest_bytes("hostile_function"),
+            None,
+        )
+        .unwrap();
+    let mut other = RuleInstance::new(function, "{}").unwrap();
+    assert_eq!(read(&mut other, "c-3"), first, "another instance");
 }

@@ -342,6 +342,72 @@ async fn spin_interfaces_outbound_hosts_and_limits_hold() {
     db.drop_database().await;
 }
 
+/// The sleepers' own components (the metrics are the process's: other
+/// tests count requests to `probe` and `p2`).
+const SLEEPERS: &str = r#"
+[[trigger.http]]
+route = "/sleepy/..."
+component = "sleepy-probe"
+[[trigger.http]]
+route = "/sleepy-p2"
+component = "sleepy-p2"
+[component.sleepy-probe]
+source = "http_probe.wasm"
+key_value_stores = ["default"]
+[component.sleepy-probe.variables]
+greeting = "hello"
+[component.sleepy-p2]
+source = "http_p2_hello.wasm"
+key_value_stores = ["default"]
+[component.sleepy-p2.variables]
+greeting = "hello"
+"#;
+
+/// A handler asleep in a blocking WASI call is stopped at the deadline
+/// like a loop, and its instance is dropped there: a wasi:http 0.2 handler
+/// (which runs in a task of its own) never wakes to write its key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sleeping_handler_is_stopped_at_its_deadline_and_its_instance_dropped() {
+    let (db, registry) = crate::api::database_with("[]").await;
+    let (allowed, _) = counting_server().await;
+    let server = Server::start_with_functions(
+        &db.url,
+        registry,
+        None,
+        Some((
+            manifest(&app("sleepers"), allowed, SLEEPERS).unwrap(),
+            limits(),
+        )),
+    )
+    .await
+    .unwrap();
+    let (status, _, body) = server.raw("GET", "/sleepy-p2", &[], "").await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.ends_with("count 1; keys 1\n"), "{body}");
+
+    for path in ["/sleepy/sleep", "/sleepy-p2?sleep=4000"] {
+        let started = std::time::Instant::now();
+        let (status, _, body) = server.raw("GET", path, &[], "").await;
+        assert_eq!(status, 504, "{path}: {body}");
+        assert!(body.contains("did not answer within 2s"), "{path}: {body}");
+        // A bound, not a benchmark: the time limit plus slack.
+        assert!(started.elapsed() < Duration::from_secs(4), "{path}");
+        // Other requests are served meanwhile and after.
+        let (status, _, _) = server.raw("GET", "/sleepy/spin", &[], "").await;
+        assert_eq!(status, 200, "after {path}");
+    }
+    // Past the moment the p2 sleeper would have woken: it never wrote.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (status, _, body) = server.raw("GET", "/sleepy-p2", &[], "").await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.ends_with("count 2; keys 2\n"),
+        "p2-count and probe-count only, no p2-after-sleep: {body}"
+    );
+    drop(server);
+    db.drop_database().await;
+}
+
 /// Why a server would not serve `manifest`.
 async fn refused(
     db: &crate::support::TestDb,

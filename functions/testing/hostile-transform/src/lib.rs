@@ -3,6 +3,7 @@
 //!
 //! - `panic`: panics (a trap),
 //! - `loop`: never returns (CPU budget),
+//! - `sleep`: sleeps for an hour (a blocking host call),
 //! - `flood`: 5,000 trips from one record (output limit; of a type awards
 //!   use, so a transform told the kept types still makes them all),
 //! - `bad-time`: a trip whose `occurred_at` is not a time,
@@ -41,6 +42,10 @@ impl Transform for HostileTransform {
                 loop {
                     n = std::hint::black_box(n.wrapping_add(1));
                 }
+            }
+            "sleep" => {
+                std::thread::sleep(std::time::Duration::from_secs(3600));
+                Ok(Vec::new())
             }
             "flood" => Ok((0..5000)
                 .map(|n| event(record, n, "u-1", "navi.trip_finished"))

@@ -5,13 +5,23 @@
 //! - `alloc`: allocates 1 GiB (memory limit),
 //! - `panic`: panics (a trap),
 //! - `huge`: returns a contribution of 100,000 counters (output limit),
+//! - `sleep`: sleeps for an hour (`std::thread::sleep`: a blocking host call),
+//! - `clock`: counts what the clocks and the random generator say
+//!   (`wall`: seconds since the Unix epoch, `monotonic`: nanoseconds since
+//!   the instance's first call, `random`: 31 random bits),
 //! - anything else: counts 1 in `count`.
 //!
 //! Config `{"on_create": "panic"}` makes creation itself panic.
 
+use std::sync::OnceLock;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
 use laurel_guest::{Contribution, Event, Rule};
 
 pub struct Hostile;
+
+/// When the instance first read the monotonic clock.
+static FIRST: OnceLock<Instant> = OnceLock::new();
 
 impl Rule for Hostile {
     fn from_config(config: &str) -> Result<Self, String> {
@@ -38,6 +48,22 @@ impl Rule for Hostile {
             "huge" => Ok(Some(Contribution::absolute(
                 (0..100_000).map(|i| (format!("counter-{i}"), 1)),
             ))),
+            "sleep" => {
+                std::thread::sleep(Duration::from_secs(3600));
+                Ok(None)
+            }
+            "clock" => {
+                let wall = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(-1, |d| d.as_secs() as i64);
+                let monotonic = FIRST.get_or_init(Instant::now).elapsed().as_nanos() as i64;
+                let random = getrandom::u32().map_err(|e| e.to_string())? >> 1;
+                Ok(Some(Contribution::absolute([
+                    ("wall".to_string(), wall),
+                    ("monotonic".to_string(), monotonic),
+                    ("random".to_string(), i64::from(random)),
+                ])))
+            }
             _ => Ok(Some(Contribution::absolute([("count".to_string(), 1)]))),
         }
     }

@@ -5,7 +5,10 @@
 //!
 //! Each request gets a fresh instance (no state leaks between users) under
 //! a deadline and a memory limit; a trap, a timeout or an over-limit body
-//! is that request's error, never the server's. Outbound requests go only
+//! is that request's error, never the server's. When a request ends (past
+//! its deadline too, the guest looping or asleep) its store is dropped:
+//! nothing of it runs on. HTTP functions keep WASI's real clocks, random
+//! and async waits (they serve requests, unlike the award functions). Outbound requests go only
 //! to the component's `allowed_outbound_hosts`. The imports a component may
 //! have are WASI (p2 and p3), `wasi:http`, Spin's variables and key-value
 //! (`spin:*@3.0.0`, `fermyon:spin/*@2.0.0`) and Laurel's own
@@ -502,14 +505,20 @@ impl HttpFunctions {
                     .map_err(fail)?;
                 let pre = pre.clone();
                 let running = inner.ticker.running();
-                let task = tokio::spawn(async move {
+                // The handler runs in a task of its own (it may go on
+                // writing the body after answering). The task owns the
+                // store: when this request ends, answered or past its
+                // deadline, the task is aborted and the instance dropped,
+                // wherever the guest was (a sleep, a loop).
+                let mut task = AbortOnDrop(tokio::spawn(async move {
                     let _running = running;
                     let proxy = pre.instantiate_async(&mut store).await?;
                     proxy
                         .wasi_http_incoming_handler()
                         .call_handle(&mut store, incoming, out)
                         .await
-                });
+                }));
+                let task = &mut task.0;
                 match receiver.await {
                     Ok(Ok(response)) => {
                         let (parts, body) = response.into_parts();
@@ -527,6 +536,15 @@ impl HttpFunctions {
                 }
             }
         }
+    }
+}
+
+/// A task aborted when its handle is dropped.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

@@ -1,6 +1,7 @@
 //! Probes the host from a spin-sdk 7 component, by path:
 //! `/probe/fetch?url=U` (an outbound GET), `/probe/spin` (a variable and
-//! the key-value store), `/probe/loop` (never returns), `/probe/panic`,
+//! the key-value store), `/probe/loop` (never returns), `/probe/sleep`
+//! (sleeps for an hour in a blocking WASI call), `/probe/panic`,
 //! `/probe/big` (a 2 MiB body).
 
 use spin_sdk::http::{IntoResponse, Request};
@@ -68,6 +69,10 @@ async fn probe(request: Request) -> impl IntoResponse {
             loop {
                 n = std::hint::black_box(n.wrapping_add(1));
             }
+        }
+        "/sleep" => {
+            std::thread::sleep(std::time::Duration::from_secs(3600));
+            reply(200, "woke up".into())
         }
         "/panic" => panic!("the probe was asked to panic"),
         "/big" => reply(200, "x".repeat(2 << 20)),

@@ -470,6 +470,7 @@ impl Backfiller {
                 offset: m.offset,
                 key: m.key.as_deref(),
                 value: m.value.as_deref(),
+                place: None,
             })
             .collect();
         let mut admitted: Vec<(usize, Envelope)> = Vec::new();
@@ -628,6 +629,7 @@ impl Writer {
                     offset: -1,
                     key: Some(i.user_id.as_bytes()),
                     value: i.event.as_deref(),
+                    place: None,
                 })
                 .collect();
             let mut admitted: Vec<(usize, Envelope)> = Vec::new();

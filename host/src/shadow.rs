@@ -286,13 +286,18 @@ async fn past_events(
         .iter()
         .map(|e| (e.source.clone(), e.id.clone()))
         .collect();
-    envelopes.extend(
-        stored
-            .iter()
-            .filter_map(|item| item.event.as_deref())
-            .filter_map(|event| Envelope::parse(event).ok())
-            .filter(|e| !read.contains(&(e.source.clone(), e.id.clone()))),
-    );
+    // The stored events came before the window (or they would be in it):
+    // first, so that of an item's events at one occurred_at, the later in
+    // the topic is the later here too (the sort is stable, and Kafka's are
+    // in each partition's order), as ingest decides.
+    let mut past: Vec<Envelope> = stored
+        .iter()
+        .filter_map(|item| item.event.as_deref())
+        .filter_map(|event| Envelope::parse(event).ok())
+        .filter(|e| !read.contains(&(e.source.clone(), e.id.clone())))
+        .collect();
+    past.append(&mut envelopes);
+    let mut envelopes = past;
     envelopes.sort_by_key(|e| e.occurred_at);
     Ok(Past {
         envelopes: envelopes.into(),

@@ -305,6 +305,10 @@ async fn recent_events(
             Err(error) => problems.push(error.to_string()),
         }
     }
+    // Newest first; of one occurred_at, the later in the topic first (the
+    // sort is stable, and each partition was read in order), as ingest
+    // decides which is an item's last.
+    envelopes.reverse();
     envelopes.sort_by_key(|e| std::cmp::Reverse(e.occurred_at));
     envelopes.truncate(limit.max(0) as usize);
     let evaluated = tokio::task::spawn_blocking(move || {

@@ -288,6 +288,16 @@ impl ConsumerContext for SourceContext {
 }
 
 /// A batch's offsets per partition, for its span: `p0:100-199 p3:7-7`.
+/// The `laurel-place` header of an event a pipeline made: where its raw
+/// record was (so a replayed record's events keep the place they first had).
+fn place_of(message: &OwnedMessage) -> Option<&str> {
+    let headers = message.headers()?;
+    headers
+        .iter()
+        .find(|h| h.key == crate::store::PLACE_HEADER)
+        .and_then(|h| std::str::from_utf8(h.value?).ok())
+}
+
 fn offset_ranges(batch: &[OwnedMessage]) -> String {
     let mut ranges: std::collections::BTreeMap<i32, (i64, i64)> = Default::default();
     for message in batch {
@@ -746,6 +756,7 @@ impl SourceConsumer {
                 offset: m.offset(),
                 key: m.key(),
                 value: m.payload(),
+                place: place_of(m),
             })
             .collect();
         let mut log: Vec<LogEntry> = Vec::new();

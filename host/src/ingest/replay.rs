@@ -105,6 +105,7 @@ async fn replay_chunk(
             offset: l.offset,
             key: l.key.as_deref(),
             value: l.value.as_deref(),
+            place: l.place.as_deref(),
         })
         .collect();
     let mut failed = Vec::new();

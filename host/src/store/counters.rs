@@ -26,8 +26,8 @@ use super::json_text::{JsonText, ObjectWriter, counters_text, push_counters, pus
 use super::{QueryContext, Store, StoreError};
 pub(crate) use decide::counters_from;
 use decide::{
-    ContentKey, Contributions, Decision, GroupKey, HoldReplay, LogRow, MAX_ID_BYTES,
-    MAX_REASON_BYTES, ObjectiveKey, Order, Snapshot, storable,
+    ContentKey, Contributions, Decision, GroupKey, HoldReplay, Last, LogRow, MAX_ID_BYTES,
+    MAX_REASON_BYTES, ObjectiveKey, Order, Place, Snapshot, storable,
 };
 
 pub type Counters = BTreeMap<String, i64>;
@@ -90,6 +90,24 @@ pub struct Message<'a> {
     pub offset: i64,
     pub key: Option<&'a [u8]>,
     pub value: Option<&'a [u8]>,
+    /// Where the event first was, if not here: the `laurel-place` header
+    /// of an event a pipeline made (its raw record's place,
+    /// `TOPIC:PARTITION:OFFSET:N`), kept with a dead letter.
+    pub place: Option<&'a str>,
+}
+
+/// The header with which a pipeline's events name their raw record's place.
+pub const PLACE_HEADER: &str = "laurel-place";
+
+/// The value of [`PLACE_HEADER`] for the `n`-th event of a record.
+pub fn place_header(topic: &str, partition: i32, offset: i64, n: u32) -> String {
+    Place {
+        topic,
+        partition,
+        offset,
+        n,
+    }
+    .text()
 }
 
 /// An event dead-lettered whole, with its reason. Its ids are what could
@@ -353,7 +371,7 @@ impl Store {
             Vec::new()
         } else {
             tx.query(
-                "SELECT i.user_id, i.content_id, i.occurred_at, i.event_id, i.shares
+                "SELECT i.user_id, i.content_id, i.occurred_at, i.event_id, i.shares, i.place, i.tied
                  FROM unnest($2::text[], $3::text[]) AS k(u, c)
                  CROSS JOIN LATERAL (SELECT * FROM content_items i
                      WHERE i.user_id = k.u AND i.source = $1 AND i.content_id = k.c OFFSET 0) i",
@@ -368,16 +386,36 @@ impl Store {
             .map(|r| {
                 (
                     (r.get(0), r.get(1)),
-                    Order {
-                        occurred_at: r.get(2),
-                        event_id: r.get(3),
+                    Last {
+                        order: Order {
+                            occurred_at: r.get(2),
+                            event_id: r.get(3),
+                            place: r.get::<_, Option<&str>>(5).and_then(Place::parse),
+                        },
+                        tied: r.get(6),
                     },
                 )
+            })
+            .collect();
+        // Where each event was in its topic (a dead letter replayed: where
+        // it first was; a backfill's stored events: not known).
+        let places = batch
+            .messages
+            .iter()
+            .map(|m| match m.place {
+                Some(place) => Place::parse(place),
+                None => (m.offset >= 0).then_some(Place {
+                    topic: m.topic,
+                    partition: m.partition,
+                    offset: m.offset,
+                    n: 0,
+                }),
             })
             .collect();
 
         let mut snapshot = Snapshot {
             items,
+            places,
             backfill: batch.backfill,
             ..Snapshot::default()
         };
@@ -708,6 +746,7 @@ async fn write_letters(
     let mut event_id: Vec<Option<String>> = Vec::with_capacity(letters.len());
     let mut user_id: Vec<Option<String>> = Vec::with_capacity(letters.len());
     let mut reason: Vec<String> = Vec::with_capacity(letters.len());
+    let mut place: Vec<Option<&str>> = Vec::with_capacity(letters.len());
     for letter in letters {
         let message = batch
             .messages
@@ -719,8 +758,10 @@ async fn write_letters(
                 offset: -1,
                 key: None,
                 value: None,
+                place: None,
             });
         topic.push(message.topic);
+        place.push(message.place);
         partition.push(message.partition);
         offset.push(message.offset);
         key.push(message.key);
@@ -740,18 +781,18 @@ async fn write_letters(
         reason.push(storable(letter.reason, MAX_REASON_BYTES).into_owned());
     }
     tx.execute(
-        "INSERT INTO dead_letters (source, topic, partition, \"offset\", key, value, award_id, objective_id, event_id, user_id, reason)
-         SELECT $1, * FROM unnest($2::text[], $3::int[], $4::bigint[], $5::bytea[], $6::bytea[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[])
+        "INSERT INTO dead_letters (source, topic, partition, \"offset\", key, value, award_id, objective_id, event_id, user_id, reason, place)
+         SELECT $1, * FROM unnest($2::text[], $3::int[], $4::bigint[], $5::bytea[], $6::bytea[], $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], $12::text[])
          ON CONFLICT DO NOTHING",
-        &[&source, &topic, &partition, &offset, &key, &value, &award, &objective, &event_id, &user_id, &reason],
+        &[&source, &topic, &partition, &offset, &key, &value, &award, &objective, &event_id, &user_id, &reason, &place],
     )
     .await
     .context("keeping dead letters")?;
     Ok(())
 }
 
-/// An item's last event's order and, where it moved, the event's bytes.
-type ItemWrite<'a> = (Order<'a>, Option<&'a [u8]>);
+/// An item's last event and, where it moved, the event's bytes.
+type ItemWrite<'a, 'b> = (&'b Last<'a>, Option<&'a [u8]>);
 
 async fn write_items(
     tx: &tokio_postgres::Transaction<'_>,
@@ -766,18 +807,18 @@ async fn write_items(
     if !decision.items.is_empty() || !decision.reshared.is_empty() {
         // Each item written: its last event's order and, where it moved, the
         // event as it came (what a backfill evaluates again).
-        let mut rows: BTreeMap<(&str, &str), ItemWrite<'_>> = decision
+        let mut rows: BTreeMap<(&str, &str), ItemWrite<'_, '_>> = decision
             .reshared
             .iter()
-            .map(|(k, order)| (*k, (*order, None)))
+            .map(|(k, last)| (*k, (last, None)))
             .collect();
-        for (k, order) in &decision.items {
+        for (k, last) in &decision.items {
             let body = decision
                 .item_events
                 .get(k)
                 .and_then(|i| batch.messages.get(*i))
                 .and_then(|m| m.value);
-            rows.insert(*k, (*order, body));
+            rows.insert(*k, (last, body));
         }
         // shares = {"<award>/<objective>": {"c": counters, "k": dedup key}}
         let mut shares: BTreeMap<(&str, &str), ObjectWriter> =
@@ -798,22 +839,35 @@ async fn write_items(
             }
         }
         let (u, c): (Vec<&str>, Vec<&str>) = rows.keys().copied().unzip();
-        let at: Vec<DateTime<Utc>> = rows.values().map(|(o, _)| o.occurred_at).collect();
-        let event: Vec<&str> = rows.values().map(|(o, _)| o.event_id).collect();
+        let at: Vec<DateTime<Utc>> = rows.values().map(|(l, _)| l.order.occurred_at).collect();
+        let event: Vec<&str> = rows.values().map(|(l, _)| l.order.event_id).collect();
+        let place: Vec<Option<String>> = rows
+            .values()
+            .map(|(l, _)| l.order.place.map(|p| p.text()))
+            .collect();
+        // A text[][] cannot be ragged: each item's ids as one JSON array.
+        let tied: Vec<String> = rows
+            .values()
+            .map(|(l, _)| serde_json::to_string(&l.tied).unwrap_or_else(|_| "[]".into()))
+            .collect();
+        let tied: Vec<JsonText<'_>> = tied.iter().map(|t| JsonText(t)).collect();
         let body: Vec<Option<&[u8]>> = rows.values().map(|(_, b)| *b).collect();
         let shares: Vec<String> = shares.into_values().map(ObjectWriter::finish).collect();
         let shares: Vec<JsonText<'_>> = shares.iter().map(|s| JsonText(s)).collect();
         // An item whose order did not move keeps the event it has.
         tx.execute(
-            "INSERT INTO content_items (user_id, source, content_id, occurred_at, event_id, shares, event)
-             SELECT u, $1, c, t, e, s, b
-             FROM unnest($2::text[], $3::text[], $4::timestamptz[], $5::text[], $6::jsonb[], $7::bytea[]) AS k(u, c, t, e, s, b)
+            "INSERT INTO content_items (user_id, source, content_id, occurred_at, event_id, shares, event, place, tied)
+             SELECT u, $1, c, t, e, s, b, p,
+                    ARRAY(SELECT jsonb_array_elements_text(d))
+             FROM unnest($2::text[], $3::text[], $4::timestamptz[], $5::text[], $6::jsonb[], $7::bytea[], $8::text[], $9::jsonb[])
+                 AS k(u, c, t, e, s, b, p, d)
              ON CONFLICT (user_id, source, content_id) DO UPDATE SET
                  shares = EXCLUDED.shares,
                  event = CASE WHEN (content_items.occurred_at, content_items.event_id) = (EXCLUDED.occurred_at, EXCLUDED.event_id)
                               THEN content_items.event ELSE EXCLUDED.event END,
-                 occurred_at = EXCLUDED.occurred_at, event_id = EXCLUDED.event_id",
-            &[&source, &u, &c, &at, &event, &shares, &body],
+                 occurred_at = EXCLUDED.occurred_at, event_id = EXCLUDED.event_id,
+                 place = EXCLUDED.place, tied = EXCLUDED.tied",
+            &[&source, &u, &c, &at, &event, &shares, &body, &place, &tied],
         )
         .await
         .context("writing content items")?;

@@ -41,6 +41,9 @@ pub struct StoredLetter {
     pub award_id: Option<String>,
     pub objective_id: Option<String>,
     pub reason: String,
+    /// Where the event first was, if not at its topic, partition and
+    /// offset (`Message::place`).
+    pub place: Option<String>,
 }
 
 /// Which dead letters a replay takes.
@@ -122,7 +125,7 @@ impl Store {
         let rows = self
             .client()
             .query(
-                "SELECT id, topic, partition, \"offset\", key, value, award_id, objective_id, reason
+                "SELECT id, topic, partition, \"offset\", key, value, award_id, objective_id, reason, place
                  FROM dead_letters
                  WHERE source = $1 AND replayed_at IS NULL AND id > $2
                    AND ($3::timestamptz IS NULL OR dead_at >= $3)
@@ -144,6 +147,7 @@ impl Store {
                 award_id: r.get(6),
                 objective_id: r.get(7),
                 reason: r.get(8),
+                place: r.get(9),
             })
             .collect())
     }

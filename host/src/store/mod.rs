@@ -25,7 +25,8 @@ pub use achievements::{
 pub use audit::AuditEntry;
 pub use awards::{AWARDS_CHANNEL, AwardRow, SOURCES_CHANNEL, SourceRow};
 pub use counters::{
-    Applied, Batch, BatchPart, Counters, DeadEvent, Effect, LogEntry, Message, Outcome, Replaying,
+    Applied, Batch, BatchPart, Counters, DeadEvent, Effect, LogEntry, Message, Outcome,
+    PLACE_HEADER, Replaying, place_header,
 };
 pub use dead_letters::{DeadLetterRow, HeldObjective, LetterFilter, StoredLetter};
 pub use functions::{FunctionRow, FunctionVersion, LiveChange, PushOutcome};

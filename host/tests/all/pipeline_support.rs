@@ -320,6 +320,17 @@ pub async fn dead_letter_messages(
     topic: &str,
     count: usize,
 ) -> Vec<(Option<Vec<u8>>, String, usize)> {
+    messages_with_header(brokers, topic, "laurel-reason", count).await
+}
+
+/// The first `count` messages of `topic`: (key, header `name`'s value,
+/// value length).
+pub async fn messages_with_header(
+    brokers: &str,
+    topic: &str,
+    name: &str,
+    count: usize,
+) -> Vec<(Option<Vec<u8>>, String, usize)> {
     use rdkafka::consumer::{Consumer, StreamConsumer};
     use rdkafka::message::{Headers, Message};
     let consumer: StreamConsumer = rdkafka::ClientConfig::new()
@@ -337,18 +348,14 @@ pub async fn dead_letter_messages(
             .unwrap_or_else(|_| {
                 let reasons: Vec<&String> = found.iter().map(|(_, reason, _)| reason).collect();
                 panic!(
-                    "only {} of {count} dead letters arrived on {topic} in 60 s: {reasons:?}",
+                    "only {} of {count} messages arrived on {topic} in 60 s: {reasons:?}",
                     found.len()
                 )
             })
             .unwrap();
         let reason = message
             .headers()
-            .and_then(|h| {
-                h.iter()
-                    .find(|h| h.key == "laurel-reason")
-                    .and_then(|h| h.value)
-            })
+            .and_then(|h| h.iter().find(|h| h.key == name).and_then(|h| h.value))
             .map(|v| String::from_utf8_lossy(v).into_owned())
             .unwrap_or_default();
         found.push((

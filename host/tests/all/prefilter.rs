@@ -424,6 +424,7 @@ async fn a_failing_transform_costs_its_records_and_its_pipeline_only() {
             "bad-time",
             "flood",
             "u-3 navi.trip_finished",
+            "sleep",
         ],
     )
     .await;
@@ -435,7 +436,7 @@ async fn a_failing_transform_costs_its_records_and_its_pipeline_only() {
         BTreeSet::from(["raw.hostile/0/0", "raw.hostile/0/2", "raw.hostile/0/5"]),
         "{kept:?}"
     );
-    let letters = dead_letter_messages(p.broker.bootstrap_servers(), "raw.hostile.dead", 3).await;
+    let letters = dead_letter_messages(p.broker.bootstrap_servers(), "raw.hostile.dead", 4).await;
     let reasons: Vec<&str> = letters.iter().map(|(_, r, _)| r.as_str()).collect();
     assert!(
         reasons[0].contains("HostileTransform v1 trapped")
@@ -448,6 +449,12 @@ async fn a_failing_transform_costs_its_records_and_its_pipeline_only() {
     );
     assert!(
         reasons[2].contains("5000 events from one record"),
+        "{reasons:?}"
+    );
+    // A transform that sleeps traps at once: it cannot hold the pipeline.
+    assert!(
+        reasons[3].contains("HostileTransform v1 trapped")
+            && reasons[3].contains("tried to sleep or wait on a clock"),
         "{reasons:?}"
     );
 
@@ -1554,4 +1561,33 @@ async fn broker_killed_and_started_again_the_prefilter_carries_on() {
         assert!(reason.contains("is not key=value"), "{reason}");
     }
     prefilter.stop().await;
+}
+
+/// Each event a pipeline makes names its raw record's place (and its
+/// number among the record's events), so ingest orders an item's events at
+/// one occurred_at by where their records were, a replayed one included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipelines_events_carry_their_records_place() {
+    let p = Pipeline::start(AWARDS, &["bss"]).await;
+    let prefilter = Prefilter::start_kv(&p).await;
+    send(
+        &p,
+        "raw.kv",
+        &[
+            "ts=1764583200 uid=u-1 event=navi.trip_finished dist=7",
+            "ts=1764583201 uid=u-1 event=navi.trip_finished dist=8",
+        ],
+    )
+    .await;
+    let events = crate::pipeline_support::messages_with_header(
+        p.broker.bootstrap_servers(),
+        "events.bss",
+        laurel::store::PLACE_HEADER,
+        2,
+    )
+    .await;
+    let places: Vec<&str> = events.iter().map(|(_, place, _)| place.as_str()).collect();
+    assert_eq!(places, ["raw.kv:0:0", "raw.kv:0:1"]);
+    prefilter.stop().await;
+    p.stop().await;
 }

@@ -62,11 +62,12 @@ pub fn workload(count: usize, seed: u64) -> (Vec<(String, String, String)>, Expe
     let mut rng = Rng(seed);
     let statuses = ["moderation", "active", "blocked", "hidden", "deleted"];
     let mut events = Vec::with_capacity(count);
-    // Latest (time, id, status) per photo and per review; analytics ids.
-    // Events apply in (occurred_at, id) order: of two with the same time,
-    // the larger id (byte order) is the later.
-    let mut photos: HashMap<(String, String), (u64, String, &str)> = HashMap::new();
-    let mut reviews: HashMap<(String, String), (u64, String, &str, String)> = HashMap::new();
+    // Latest (time, place, status) per photo and per review; analytics
+    // ids. Events apply in occurred_at order: of two with the same time,
+    // the later in the topic is the later (an item's events are keyed by
+    // its user, so they share a partition, in the order sent).
+    let mut photos: HashMap<(String, String), (u64, usize, &str)> = HashMap::new();
+    let mut reviews: HashMap<(String, String), (u64, usize, &str, String)> = HashMap::new();
     let mut opened: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     let mut clock = 1_000u64;
     for i in 0..count {
@@ -87,12 +88,11 @@ pub fn workload(count: usize, seed: u64) -> (Vec<(String, String, String)>, Expe
                 let content = format!("photo-{}", rng.below(8));
                 let status = statuses[rng.below(5) as usize];
                 let key = (user.clone(), content.clone());
-                let id = format!("p-{i}");
                 if photos
                     .get(&key)
-                    .is_none_or(|(t, last, _)| (at, &id) > (*t, last))
+                    .is_none_or(|(t, last, _)| (at, i) > (*t, *last))
                 {
-                    photos.insert(key, (at, id, status));
+                    photos.insert(key, (at, i, status));
                 }
                 (
                     "photos",
@@ -110,12 +110,11 @@ pub fn workload(count: usize, seed: u64) -> (Vec<(String, String, String)>, Expe
                     .get(&key)
                     .map(|(_, _, _, o)| o.clone())
                     .unwrap_or(object);
-                let id = format!("r-{i}");
                 if reviews
                     .get(&key)
-                    .is_none_or(|(t, last, _, _)| (at, &id) > (*t, last))
+                    .is_none_or(|(t, last, _, _)| (at, i) > (*t, *last))
                 {
-                    reviews.insert(key, (at, id, status, object.clone()));
+                    reviews.insert(key, (at, i, status, object.clone()));
                 }
                 (
                     "reviews",
@@ -419,6 +418,101 @@ async fn two_processes_share_a_group_and_one_stops_midway() {
     first.kill().unwrap();
     first.wait().unwrap();
     assert!(result == expected, "{}", diff(&expected, &result));
+    drop(broker);
+    let _ = std::fs::remove_dir_all(&cache);
+    db.drop_database().await;
+}
+
+/// Publishes `(topic, key, value)` in order.
+async fn publish_all(brokers: &str, events: &[(String, String, String)]) {
+    let producer = ingest::producer(brokers).unwrap();
+    let sends = events.iter().map(|(topic, key, value)| {
+        ingest::publish(
+            &producer,
+            topic,
+            Some(key.as_bytes()),
+            value.as_bytes(),
+            &[],
+        )
+    });
+    for result in futures_util::future::join_all(sends).await {
+        result.unwrap();
+    }
+}
+
+/// A photo's status event, at one fixed time.
+fn photo_status(id: &str, user: &str, content: &str, status: &str) -> (String, String, String) {
+    let value = json!({"id": id, "source": "photos", "type": "photo.status_changed", "user_id": user,
+        "authorized": true, "content_id": content, "status": status,
+        "occurred_at": "2026-12-06T12:00:00.123456Z", "payload": {}});
+    ("events.photos".into(), user.into(), value.to_string())
+}
+
+/// A master system uploads and blocks each photo within one microsecond,
+/// with random ids: each ends blocked, whichever id is larger, and the
+/// upload events sent again (a producer's retry) change nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_at_one_time_apply_in_the_order_the_topic_holds_them() {
+    let db = TestDb::new().await;
+    let mut store = db.store().await;
+    let runtime = support::runtime();
+    library::register(&mut store, &runtime).await.unwrap();
+    let registry = Registry::start(&db.url, runtime).await.unwrap();
+    laurel::definitions::apply(&mut store, &registry, AWARDS)
+        .await
+        .unwrap();
+    let broker = Broker::start();
+    let mut rng = Rng(0x0e9a_17e5);
+    let mut random_id = || format!("{:016x}-{:016x}", rng.next(), rng.next());
+    let user = |item: usize| format!("u-{}", item % 20);
+    let mut uploads = Vec::new();
+    let mut events = Vec::new();
+    let mut larger_upload_ids = 0;
+    for item in 0..200 {
+        let (active, blocked) = (random_id(), random_id());
+        larger_upload_ids += usize::from(active > blocked);
+        let content = format!("photo-{item}");
+        uploads.push(photo_status(&active, &user(item), &content, "active"));
+        events.push(uploads[item].clone());
+        events.push(photo_status(&blocked, &user(item), &content, "blocked"));
+    }
+    assert!(
+        (50..150).contains(&larger_upload_ids),
+        "about half the uploads drew the larger id: {larger_upload_ids}"
+    );
+    publish_all(&broker.bootstrap, &events).await;
+    let mut expected = Expected::new();
+    for u in 0..20 {
+        expected.insert(
+            (format!("u-{u}"), "photographer".into(), "photo".into()),
+            BTreeMap::from([("blocked".to_string(), 10)]),
+        );
+    }
+    let cache = std::env::temp_dir().join(format!("laurel-order-cache-{}", std::process::id()));
+    let mut child = spawn_laurel(&db, &broker.bootstrap, &cache);
+    let result = settle(&db, &expected).await;
+    assert!(result == expected, "{}", diff(&expected, &result));
+
+    // The uploads again, then one new photo per user: once those count,
+    // the uploads before them (same users, same partitions) were read.
+    let mut again = uploads.clone();
+    for u in 0..20 {
+        let (id, user) = (random_id(), format!("u-{u}"));
+        again.push(photo_status(&id, &user, "photo-new", "active"));
+        expected
+            .get_mut(&(user, "photographer".into(), "photo".into()))
+            .unwrap()
+            .insert("approved".into(), 1);
+    }
+    publish_all(&broker.bootstrap, &again).await;
+    let result = settle(&db, &expected).await;
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(
+        result == expected,
+        "after the uploads came again: {}",
+        diff(&expected, &result)
+    );
     drop(broker);
     let _ = std::fs::remove_dir_all(&cache);
     db.drop_database().await;

@@ -103,6 +103,23 @@ impl RawBatch {
     }
 
     /// Message `index` as its dead letter carries it.
+    /// Where message `index` first was (a replayed dead letter's origin).
+    pub(super) fn origin(&self, index: usize) -> (i32, i64) {
+        match self.packed_places.binary_search(&index) {
+            Ok(n) => {
+                let record = self.packed.get(n);
+                (record.partition, record.offset)
+            }
+            Err(_) => {
+                let n = self
+                    .whole
+                    .binary_search_by_key(&index, |whole| whole.place)
+                    .expect("every message is packed or kept whole");
+                self.whole[n].origin
+            }
+        }
+    }
+
     pub(super) fn letter(&self, index: usize) -> Letter<'_> {
         let at = self.positions[index];
         // Each message is either packed or kept whole.

@@ -501,11 +501,30 @@ impl PipelineConsumer {
         // In the batch's order, so events go on as their records came.
         fates.sort_by_key(|(place, _)| *place);
 
-        // Keep what some objective can use.
-        let (envelopes, jsons): (Vec<Envelope>, Vec<String>) = fates
+        // Keep what some objective can use. Each event names its record's
+        // place (and its number among the record's events): where it
+        // stands among its item's events, a replayed record included.
+        let input_topic = self.pipeline.input_topic.as_str();
+        let (envelopes, jsons): (Vec<Envelope>, Vec<(String, String)>) = fates
             .iter_mut()
-            .filter_map(|(_, fate)| match fate {
-                Fate::Events(events) => Some(events.drain(..)),
+            .filter_map(|(place, fate)| match fate {
+                Fate::Events(events) => {
+                    let (partition, offset) = batch.origin(*place);
+                    Some(
+                        events
+                            .drain(..)
+                            .enumerate()
+                            .map(move |(n, (envelope, json))| {
+                                let at = crate::store::place_header(
+                                    input_topic,
+                                    partition,
+                                    offset,
+                                    n as u32,
+                                );
+                                (envelope, (json, at))
+                            }),
+                    )
+                }
                 Fate::Dead(_) => None,
             })
             .flatten()
@@ -528,7 +547,7 @@ impl PipelineConsumer {
             }
         };
         let candidates = envelopes.len();
-        let kept: Vec<(Envelope, String)> = envelopes
+        let kept: Vec<(Envelope, (String, String))> = envelopes
             .into_iter()
             .zip(jsons)
             .zip(&keep)
@@ -544,7 +563,7 @@ impl PipelineConsumer {
         // (few) are waited for here.
         let sends: Vec<_> = kept
             .into_iter()
-            .map(|(envelope, json)| {
+            .map(|(envelope, (json, place))| {
                 let producer = self.shared.producer.clone();
                 let topic = self.out_topic.clone();
                 let key = envelope.user_id;
@@ -554,7 +573,7 @@ impl PipelineConsumer {
                         &topic,
                         Some(key.as_bytes()),
                         json.as_bytes(),
-                        &[],
+                        &[(crate::store::PLACE_HEADER, place.as_str())],
                     )
                     .await
                 }

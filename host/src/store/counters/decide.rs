@@ -2,11 +2,18 @@
 //! (read in its transaction), decide what every outcome changes. No I/O;
 //! the rules of exactly-once application live here, with their unit tests.
 //!
-//! - A content item's events apply in `(occurred_at, id)` order: an event
-//!   at or before the last one applied to its item changes nothing, so a
-//!   redelivery never brings an older status back; of two events with the
-//!   same `occurred_at`, the one with the larger id (byte order) is the
-//!   later, whatever order they arrive in.
+//! - A content item's events apply in `occurred_at` order: an event before
+//!   the last one applied to its item changes nothing, so a redelivery
+//!   never brings an older status back. Of two events with the same
+//!   `occurred_at`, the later in its partition is the later (Kafka keeps
+//!   one key's events in the order they were written; a master system
+//!   writes an item's status changes in the order they happened, often
+//!   within one millisecond). An event whose place is not known, or is in
+//!   another partition, falls back to the larger id (byte order).
+//! - An event id already processed for the item at its last `occurred_at`
+//!   changes nothing, wherever it comes again (a redelivery, a producer's
+//!   retry at a later offset); a dead letter replayed keeps the place it
+//!   first had, so it never overtakes an event that came after it.
 //! - An additive (analytics) event adds once per id.
 //! - Counter arithmetic is checked: an event that would take a counter past
 //!   the range of a 64-bit integer changes nothing and is refused whole.
@@ -31,11 +38,124 @@ pub(super) type ContentKey<'a> = (&'a str, &'a str, &'a str, &'a str); // user, 
 pub(super) type GroupKey<'a> = (&'a str, &'a str, &'a str, &'a str); // user, award, objective, dedup key
 pub(super) type ObjectiveKey<'a> = (&'a str, &'a str, &'a str); // user, award, objective
 
-/// An item's place in its stream: events apply in this order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+/// Where an event was in its topic; for an event a pipeline made, where
+/// its raw record was, and which of the record's events it is (`n`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Place<'a> {
+    pub topic: &'a str,
+    pub partition: i32,
+    pub offset: i64,
+    pub n: u32,
+}
+
+impl<'a> Place<'a> {
+    /// `TOPIC:PARTITION:OFFSET[:N]` (Kafka topic names have no `:`), as
+    /// `content_items.place` and the `laurel-place` header carry it.
+    pub fn parse(text: &'a str) -> Option<Place<'a>> {
+        let mut parts = text.split(':');
+        let topic = parts.next().filter(|t| !t.is_empty())?;
+        let partition = parts.next()?.parse().ok()?;
+        let offset = parts.next()?.parse().ok()?;
+        let n = match parts.next() {
+            Some(n) => n.parse().ok()?,
+            None => 0,
+        };
+        parts.next().is_none().then_some(Place {
+            topic,
+            partition,
+            offset,
+            n,
+        })
+    }
+
+    pub fn text(&self) -> String {
+        match self.n {
+            0 => format!("{}:{}:{}", self.topic, self.partition, self.offset),
+            n => format!("{}:{}:{}:{n}", self.topic, self.partition, self.offset),
+        }
+    }
+}
+
+/// An event's order among its item's events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Order<'a> {
     pub occurred_at: DateTime<Utc>,
     pub event_id: &'a str,
+    /// None: not known (an item's event applied before places were kept,
+    /// or a backfill's).
+    pub place: Option<Place<'a>>,
+}
+
+/// Most ids kept per item of events processed at its last `occurred_at`
+/// before the last one (more in one millisecond than any master system
+/// writes for one item).
+pub(super) const MAX_TIED: usize = 64;
+
+/// The last event processed for a content item, and the ids of the others
+/// processed at the same `occurred_at` before it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Last<'a> {
+    pub order: Order<'a>,
+    pub tied: Vec<&'a str>,
+}
+
+impl<'a> Last<'a> {
+    pub fn of(order: Order<'a>) -> Last<'a> {
+        Last {
+            order,
+            tied: Vec::new(),
+        }
+    }
+
+    /// Where `event` stands against this.
+    fn standing(&self, event: &Order<'a>) -> Standing {
+        let last = &self.order;
+        match event.occurred_at.cmp(&last.occurred_at) {
+            std::cmp::Ordering::Less => Standing::Older,
+            std::cmp::Ordering::Greater => Standing::Newer,
+            std::cmp::Ordering::Equal if event.event_id == last.event_id => Standing::Last,
+            std::cmp::Ordering::Equal if self.tied.contains(&event.event_id) => Standing::Seen,
+            std::cmp::Ordering::Equal => {
+                let later = match (event.place, last.place) {
+                    (Some(a), Some(b)) if a.topic == b.topic && a.partition == b.partition => {
+                        (a.offset, a.n) > (b.offset, b.n)
+                    }
+                    _ => event.event_id > last.event_id,
+                };
+                if later {
+                    Standing::Newer
+                } else {
+                    Standing::Older
+                }
+            }
+        }
+    }
+
+    /// This, after `event` (newer) was processed.
+    fn then(&self, event: Order<'a>) -> Last<'a> {
+        if event.occurred_at != self.order.occurred_at {
+            return Last::of(event);
+        }
+        let mut tied = self.tied.clone();
+        tied.push(self.order.event_id);
+        if tied.len() > MAX_TIED {
+            tied.remove(0);
+        }
+        Last { order: event, tied }
+    }
+}
+
+/// Where an event stands against its item's last one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Standing {
+    /// Before it: it changes nothing.
+    Older,
+    /// It.
+    Last,
+    /// Processed before it, at the same time.
+    Seen,
+    /// After it.
+    Newer,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -212,7 +332,9 @@ impl<'a> Contributions<'a> {
 #[derive(Default)]
 pub(super) struct Snapshot<'a> {
     /// The last event applied to each content item: (user, content).
-    pub items: HashMap<(&'a str, &'a str), Order<'a>>,
+    pub items: HashMap<(&'a str, &'a str), Last<'a>>,
+    /// Each event's place in its topic, by batch index (None: not known).
+    pub places: Vec<Option<Place<'a>>>,
     pub view: Contributions<'a>,
     /// Additive events of the batch that were applied before.
     pub seen_additive: HashSet<&'a str>,
@@ -360,13 +482,13 @@ impl<'a> LogRow<'a> {
 #[derive(Default)]
 pub(super) struct Decision<'a> {
     /// Content items whose last applied event moved, with it.
-    pub items: BTreeMap<(&'a str, &'a str), Order<'a>>,
+    pub items: BTreeMap<(&'a str, &'a str), Last<'a>>,
     /// For each item of `items`, the batch index of that event.
     pub item_events: HashMap<(&'a str, &'a str), usize>,
     /// Content items whose shares changed, with their last event's order
     /// (moved or not: a replayed hold or a backfill changes shares at the
     /// item's own order).
-    pub reshared: BTreeMap<(&'a str, &'a str), Order<'a>>,
+    pub reshared: BTreeMap<(&'a str, &'a str), Last<'a>>,
     /// Objectives whose counters changed: their new counters.
     pub totals: BTreeMap<ObjectiveKey<'a>, Counters>,
     /// Additive events applied for the first time.
@@ -392,6 +514,7 @@ pub(super) fn decide<'a>(
 ) -> (Decision<'a>, Contributions<'a>) {
     let Snapshot {
         mut items,
+        places,
         mut view,
         seen_additive,
         totals: current,
@@ -423,12 +546,22 @@ pub(super) fn decide<'a>(
                 Order {
                     occurred_at: first.occurred_at,
                     event_id: &first.event_id,
+                    place: places.get(first.index).copied().flatten(),
                 },
             )
         });
-        let last = order.and_then(|(item, _)| items.get(&item).copied());
-        match (order, last) {
-            (Some((_, order)), Some(last)) if order < last => {
+        let last = order.and_then(|(item, _)| items.get(&item).cloned());
+        let standing = match (&order, &last) {
+            (Some((_, order)), Some(last)) => Some(last.standing(order)),
+            _ => None,
+        };
+        let rerun = replaying.is_some() || backfill;
+        match (order, standing) {
+            // Older; or, for a replayed hold or a backfill, processed
+            // before at this time and superseded since.
+            (Some(_), Some(standing))
+                if standing == Standing::Older || (rerun && standing == Standing::Seen) =>
+            {
                 decision.log.push(LogRow::skip(
                     first,
                     "older than the last applied event for this content item",
@@ -444,7 +577,7 @@ pub(super) fn decide<'a>(
             // The same event again: a replayed hold and a backfill are the
             // exceptions (the event was processed; these objectives did not
             // get it).
-            (Some((_, order)), Some(last)) if order == last && replaying.is_none() && !backfill => {
+            (Some(_), Some(Standing::Last | Standing::Seen)) if !rerun => {
                 decision.log.push(LogRow::event(
                     first,
                     "skipped",
@@ -562,12 +695,15 @@ pub(super) fn decide<'a>(
         }
 
         // The event is processed: its item's order moves, its id is kept.
-        let rerun = replaying.is_some() || backfill;
         if let Some((item, order)) = order
-            && (!rerun || last.is_none_or(|last| order > last))
+            && matches!(standing, None | Some(Standing::Newer))
         {
-            items.insert(item, order);
-            decision.items.insert(item, order);
+            let next = match &last {
+                Some(last) => last.then(order),
+                None => Last::of(order),
+            };
+            items.insert(item, next.clone());
+            decision.items.insert(item, next);
             decision.item_events.insert(item, first.index);
         }
         if first.content_id.is_none() && replaying.is_none() {
@@ -582,8 +718,8 @@ pub(super) fn decide<'a>(
         let mut changes: Vec<Change<'_>> = Vec::new();
         for (o, delta, replacement) in planned {
             if let Some((key, next)) = replacement {
-                if let Some(order) = items.get(&(key.0, key.3)) {
-                    decision.reshared.insert((key.0, key.3), *order);
+                if let Some(last) = items.get(&(key.0, key.3)) {
+                    decision.reshared.insert((key.0, key.3), last.clone());
                 }
                 view.replace(key, next);
             }
@@ -825,12 +961,210 @@ mod tests {
             totals(&decision),
             vec![("photo".into(), counters(&[("approved", 0), ("blocked", 1)]))]
         );
-        assert_eq!(decision.items.values().next().unwrap().event_id, "e2");
+        assert_eq!(decision.items.values().next().unwrap().order.event_id, "e2");
         assert_eq!(decision.changed, 2);
     }
 
+    /// The snapshot of a batch whose events are at these offsets of
+    /// partition 0 of `events.photos`, by batch index.
+    fn at_offsets(offsets: &[i64]) -> Snapshot<'static> {
+        Snapshot {
+            places: offsets
+                .iter()
+                .map(|&offset| {
+                    Some(Place {
+                        topic: "events.photos",
+                        partition: 0,
+                        offset,
+                        n: 0,
+                    })
+                })
+                .collect(),
+            ..Snapshot::default()
+        }
+    }
+
+    fn photo_counters(decision: &Decision<'_>) -> Counters {
+        nonzero(decision.totals.values().next().cloned().unwrap_or_default())
+    }
+
+    /// Equal `occurred_at`: the later in the partition wins, whichever id
+    /// is larger, in one batch and across two.
     #[test]
-    fn equal_timestamps_are_ordered_by_id_in_either_arrival_order() {
+    fn equal_timestamps_apply_in_topic_order_whatever_the_ids() {
+        for (first_id, second_id) in [("evt-1", "evt-2"), ("evt-2", "evt-1")] {
+            // `active` then `blocked` in the topic: blocked.
+            let batch = [
+                status(0, first_id, 5, "photo", &[("approved", 1)]),
+                status(1, second_id, 5, "photo", &[("blocked", 1)]),
+            ];
+            let decision = run(at_offsets(&[10, 11]), &batch);
+            assert_eq!(
+                photo_counters(&decision),
+                counters(&[("blocked", 1)]),
+                "{first_id} then {second_id}"
+            );
+            let last = decision.items.values().next().unwrap();
+            assert_eq!(
+                (last.order.event_id, last.tied.clone()),
+                (second_id, vec![first_id])
+            );
+
+            // `blocked` then `active` in the topic: active, the later.
+            let batch = [
+                status(0, first_id, 5, "photo", &[("blocked", 1)]),
+                status(1, second_id, 5, "photo", &[("approved", 1)]),
+            ];
+            let decision = run(at_offsets(&[10, 11]), &batch);
+            assert_eq!(
+                photo_counters(&decision),
+                counters(&[("approved", 1)]),
+                "{first_id} then {second_id}"
+            );
+
+            // The same across two batches: the stored last event is at
+            // offset 10, the new one at 11.
+            let mut snapshot = at_offsets(&[11]);
+            snapshot.items.insert(
+                ("u", "photo-1"),
+                Last::of(Order {
+                    occurred_at: at(5),
+                    event_id: first_id,
+                    place: Some(Place {
+                        topic: "events.photos",
+                        partition: 0,
+                        offset: 10,
+                        n: 0,
+                    }),
+                }),
+            );
+            let share: &'static Value = Box::leak(Box::new(json!({"c": {"approved": 1}})));
+            snapshot.view.load(("u", "a", "photo", "photo-1"), share);
+            snapshot
+                .totals
+                .insert(("u", "a", "photo"), counters(&[("approved", 1)]));
+            let batch = [status(0, second_id, 5, "photo", &[("blocked", 1)])];
+            let decision = run(snapshot, &batch);
+            assert_eq!(
+                photo_counters(&decision),
+                counters(&[("blocked", 1)]),
+                "stored {first_id}, then {second_id}"
+            );
+        }
+    }
+
+    /// The earlier event again, at a later offset (a redelivery, a
+    /// producer's retry), after the later one: nothing changes.
+    #[test]
+    fn an_earlier_event_again_after_a_later_one_at_the_same_time_changes_nothing() {
+        for (first_id, second_id) in [("evt-1", "evt-2"), ("evt-2", "evt-1")] {
+            let batch = [
+                status(0, first_id, 5, "photo", &[("approved", 1)]),
+                status(1, second_id, 5, "photo", &[("blocked", 1)]),
+                status(2, first_id, 5, "photo", &[("approved", 1)]),
+            ];
+            let decision = run(at_offsets(&[10, 11, 12]), &batch);
+            assert_eq!(photo_counters(&decision), counters(&[("blocked", 1)]));
+            assert_eq!(
+                outcomes_of(&decision).last().unwrap(),
+                &(
+                    first_id.to_string(),
+                    "skipped",
+                    "event already applied".into()
+                )
+            );
+            // And in a later batch, from what the item keeps.
+            let mut snapshot = at_offsets(&[12]);
+            snapshot.items.insert(
+                ("u", "photo-1"),
+                decision.items.values().next().unwrap().clone(),
+            );
+            let batch = [status(0, first_id, 5, "photo", &[("approved", 1)])];
+            let decision = run(snapshot, &batch);
+            assert!(decision.totals.is_empty());
+            assert!(decision.items.is_empty());
+        }
+    }
+
+    /// A hold replayed after a later event at the same time: the later
+    /// event's state stays (the replay keeps its first place).
+    #[test]
+    fn a_replayed_hold_never_overtakes_a_later_event_at_the_same_time() {
+        for (held_id, later_id) in [("evt-1", "evt-2"), ("evt-2", "evt-1")] {
+            let mut snapshot = at_offsets(&[10]);
+            snapshot.items.insert(
+                ("u", "photo-1"),
+                Last {
+                    order: Order {
+                        occurred_at: at(5),
+                        event_id: later_id,
+                        place: Some(Place {
+                            topic: "events.photos",
+                            partition: 0,
+                            offset: 11,
+                            n: 0,
+                        }),
+                    },
+                    tied: vec![held_id],
+                },
+            );
+            snapshot.replaying_holds.insert(0, ("a", "photo"));
+            let batch = [status(0, held_id, 5, "photo", &[("approved", 1)])];
+            let decision = run(snapshot, &batch);
+            assert!(decision.totals.is_empty(), "{held_id}");
+            assert_eq!(
+                decision.replayed_holds,
+                BTreeMap::from([(0, HoldReplay::Resolved)])
+            );
+        }
+    }
+
+    /// Events a pipeline made from one raw record share its place: their
+    /// number among the record's events orders them.
+    #[test]
+    fn one_records_events_apply_in_the_order_it_made_them() {
+        let place = |n| {
+            Some(Place {
+                topic: "raw.x",
+                partition: 0,
+                offset: 7,
+                n,
+            })
+        };
+        let snapshot = Snapshot {
+            places: vec![place(0), place(1)],
+            ..Snapshot::default()
+        };
+        let batch = [
+            status(0, "evt-z", 5, "photo", &[("approved", 1)]),
+            status(1, "evt-a", 5, "photo", &[("blocked", 1)]),
+        ];
+        let decision = run(snapshot, &batch);
+        assert_eq!(photo_counters(&decision), counters(&[("blocked", 1)]));
+    }
+
+    #[test]
+    fn places_read_back_as_written() {
+        let place = Place {
+            topic: "events.photos",
+            partition: 3,
+            offset: 1_234_567,
+            n: 0,
+        };
+        assert_eq!(place.text(), "events.photos:3:1234567");
+        assert_eq!(Place::parse("events.photos:3:1234567"), Some(place));
+        let second = Place { n: 2, ..place };
+        assert_eq!(second.text(), "events.photos:3:1234567:2");
+        assert_eq!(Place::parse("events.photos:3:1234567:2"), Some(second));
+        for bad in ["nonsense", ":1:2", "t:1", "t:x:2", "t:1:2:3:4", "t:1:2:-1"] {
+            assert_eq!(Place::parse(bad), None, "{bad}");
+        }
+    }
+
+    /// Events with no place (stored before places were kept, or a
+    /// backfill's): the larger id is the later, in either arrival order.
+    #[test]
+    fn equal_timestamps_without_places_are_ordered_by_id_in_either_arrival_order() {
         let approved = status(0, "evt-1", 5, "photo", &[("approved", 1)]);
         let blocked = status(1, "evt-2", 5, "photo", &[("blocked", 1)]);
         for batch in [
@@ -858,10 +1192,11 @@ mod tests {
         let mut snapshot = Snapshot::default();
         snapshot.items.insert(
             ("u", "photo-1"),
-            Order {
+            Last::of(Order {
                 occurred_at: at(5),
                 event_id: "evt-2",
-            },
+                place: None,
+            }),
         );
         let batch = [status(0, "evt-1", 5, "photo", &[("approved", 1)])];
         let decision = run(snapshot, &batch);
@@ -983,10 +1318,11 @@ mod tests {
         // The event was processed: another objective applied it.
         snapshot.items.insert(
             ("u", "photo-1"),
-            Order {
+            Last::of(Order {
                 occurred_at: at(1),
                 event_id: "e1",
-            },
+                place: None,
+            }),
         );
         snapshot.seen_additive.insert("e2");
         snapshot.replaying_holds.insert(0, ("a", "broken"));
@@ -1017,10 +1353,11 @@ mod tests {
         let mut snapshot = Snapshot::default();
         snapshot.items.insert(
             ("u", "photo-1"),
-            Order {
+            Last::of(Order {
                 occurred_at: at(9),
                 event_id: "e9",
-            },
+                place: None,
+            }),
         );
         snapshot.replaying_holds.insert(0, ("a", "broken"));
         let batch = [status(0, "e1", 1, "broken", &[("approved", 1)])];
@@ -1037,10 +1374,11 @@ mod tests {
         let mut snapshot = Snapshot::default();
         snapshot.items.insert(
             ("u", "photo-1"),
-            Order {
+            Last::of(Order {
                 occurred_at: at(1),
                 event_id: "e1",
-            },
+                place: None,
+            }),
         );
         snapshot.replaying_holds.insert(0, ("a", "broken"));
         let batch = [status(0, "e1", 1, "broken", &[("approved", 1)])];
@@ -1063,10 +1401,11 @@ mod tests {
             };
             snapshot.items.insert(
                 ("u", "photo-1"),
-                Order {
+                Last::of(Order {
                     occurred_at: at(1),
                     event_id: "e1",
-                },
+                    place: None,
+                }),
             );
             snapshot
         };
@@ -1094,10 +1433,11 @@ mod tests {
         let mut newer = last();
         newer.items.insert(
             ("u", "photo-1"),
-            Order {
+            Last::of(Order {
                 occurred_at: at(5),
                 event_id: "e5",
-            },
+                place: None,
+            }),
         );
         let decision = run(newer, &batch);
         assert!(decision.totals.is_empty());

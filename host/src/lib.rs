@@ -40,7 +40,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// batch's buffers touch a few KiB of it: the pre-filter spent 30% of its
 /// core in the kernel's `clear_page_erms`; with them off its rate went
 /// from 1.04-1.35M (mean 1.16M) to 1.19-1.38M records/s (mean 1.29M)
-/// (`cargo bench --bench prefilter`, README). The kernel checks the flag
+/// (`cargo bench --bench prefilter`, host/benches/README.md). The kernel checks the flag
 /// at each fault, so memory mapped before this call is covered too.
 pub(crate) fn without_huge_pages() {
     if std::env::var("MIMALLOC_ALLOW_THP").is_ok_and(|v| v.trim() == "1") {

@@ -1,5 +1,5 @@
 //! How settings are read: flags, then environment variables, then defaults
-//! (see the README's table).
+//! (see docs/settings.md).
 //!
 //! Each capability owns its settings as a `clap::Args` struct with one
 //! default per setting, in its attribute: `IngestSettings`,

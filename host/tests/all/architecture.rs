@@ -79,3 +79,66 @@ fn each_service_client_is_named_by_its_owner_only() {
     ));
     assert!(!names("// redis::cmd in a comment", "redis"));
 }
+
+/// GitHub's anchor for a heading: lower case, spaces to `-`, punctuation
+/// dropped.
+fn slug(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The README is a front door and the reference lives in docs/: every
+/// relative link of the README, docs/ and the benchmarks' README names a
+/// file that exists (and a heading of it, if it names one).
+#[test]
+fn the_docs_links_resolve() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let mut pages = vec![repo.join("README.md"), repo.join("host/benches/README.md")];
+    for entry in std::fs::read_dir(repo.join("docs")).unwrap() {
+        pages.push(entry.unwrap().path());
+    }
+    let readme_lines = std::fs::read_to_string(repo.join("README.md"))
+        .unwrap()
+        .lines()
+        .count();
+    assert!(readme_lines <= 250, "README.md is {readme_lines} lines");
+    let mut broken = Vec::new();
+    for page in &pages {
+        let text = std::fs::read_to_string(page).unwrap();
+        for (at, _) in text.match_indices("](") {
+            let rest = &text[at + 2..];
+            let Some(end) = rest.find(')') else { continue };
+            let target = &rest[..end];
+            if target.starts_with("http") || target.is_empty() {
+                continue;
+            }
+            let (file, anchor) = target.split_once('#').unwrap_or((target, ""));
+            let path = if file.is_empty() {
+                page.clone()
+            } else {
+                page.parent().unwrap().join(file)
+            };
+            let Ok(linked) = std::fs::read_to_string(&path) else {
+                broken.push(format!("{}: {target}", page.display()));
+                continue;
+            };
+            if !anchor.is_empty()
+                && !linked
+                    .lines()
+                    .filter_map(|l| l.strip_prefix('#'))
+                    .any(|h| slug(h.trim_start_matches('#')) == anchor)
+            {
+                broken.push(format!("{}: {target} (no such heading)", page.display()));
+            }
+        }
+    }
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+}

@@ -15,7 +15,7 @@
 //! `laurel awards apply --dry-run` compares the same way: a changed award
 //! definition against the one that is live (a new one against no award).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use crate::definitions::AwardDefinition;
@@ -286,18 +286,17 @@ async fn past_events(
         .iter()
         .map(|e| (e.source.clone(), e.id.clone()))
         .collect();
-    // The stored events came before the window (or they would be in it):
-    // first, so that of an item's events at one occurred_at, the later in
-    // the topic is the later here too (the sort is stable, and Kafka's are
-    // in each partition's order), as ingest decides.
-    let mut past: Vec<Envelope> = stored
-        .iter()
-        .filter_map(|item| item.event.as_deref())
-        .filter_map(|event| Envelope::parse(event).ok())
-        .filter(|e| !read.contains(&(e.source.clone(), e.id.clone())))
-        .collect();
-    past.append(&mut envelopes);
-    let mut envelopes = past;
+    // An item's stored last event that is not in the window goes after the
+    // window's at its occurred_at (the sort is stable): the window's events
+    // of that item at that time were not applied after it (an earlier one
+    // again, or one before it in the topic), so it stays the item's last.
+    envelopes.extend(
+        stored
+            .iter()
+            .filter_map(|item| item.event.as_deref())
+            .filter_map(|event| Envelope::parse(event).ok())
+            .filter(|e| !read.contains(&(e.source.clone(), e.id.clone()))),
+    );
     envelopes.sort_by_key(|e| e.occurred_at);
     Ok(Past {
         envelopes: envelopes.into(),
@@ -431,6 +430,11 @@ impl Window {
 /// Users with an event that reached the objective are listed, even at 0.
 fn counted(events: &[Envelope], verdicts: &[Verdict]) -> BTreeMap<String, Counters> {
     let mut items: BTreeMap<(&str, &str, &str), Counters> = BTreeMap::new();
+    // As ingest decides (`store::counters::decide`): events come oldest
+    // first, of one occurred_at in topic order; an id already seen for the
+    // item at that time changes nothing when it comes again.
+    type Seen<'a> = (chrono::DateTime<chrono::Utc>, HashSet<&'a str>);
+    let mut seen: HashMap<(&str, &str, &str), Seen<'_>> = HashMap::new();
     let mut users: BTreeMap<String, Counters> = BTreeMap::new();
     for (event, verdict) in events.iter().zip(verdicts) {
         let counters = match verdict {
@@ -442,7 +446,16 @@ fn counted(events: &[Envelope], verdicts: &[Verdict]) -> BTreeMap<String, Counte
         match &event.content_id {
             Some(item) if !additive => {
                 let key = (event.user_id.as_str(), event.source.as_str(), item.as_str());
-                items.insert(key, counters);
+                let (at, ids) = seen
+                    .entry(key)
+                    .or_insert_with(|| (event.occurred_at, HashSet::new()));
+                if *at != event.occurred_at {
+                    *at = event.occurred_at;
+                    ids.clear();
+                }
+                if ids.insert(event.id.as_str()) {
+                    items.insert(key, counters);
+                }
             }
             _ => add(total, &counters, 1),
         }
@@ -578,4 +591,53 @@ async fn award_diff(
         }
     }
     Ok(diff)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn photo(id: &str, status: &str) -> Envelope {
+        Envelope::parse(
+            serde_json::json!({"id": id, "source": "photos", "type": "photo.changed", "user_id": "u-1",
+                "authorized": true, "content_id": "photo-1", "status": status,
+                "occurred_at": "2026-12-06T12:00:00.5Z", "payload": {}})
+            .to_string()
+            .as_bytes(),
+        )
+        .unwrap()
+    }
+
+    fn counting(counter: &str) -> Verdict {
+        Verdict::Counted {
+            rule: Arc::from("ContentStatusRule"),
+            counters: Counters::from([(counter.to_string(), 1)]),
+            dedup_key: None,
+            additive: false,
+        }
+    }
+
+    /// The diff decides an item's events at one time as ingest does: the
+    /// later in the topic wins, whichever id is larger, and an earlier id
+    /// coming again changes nothing.
+    #[test]
+    fn a_window_counts_an_items_events_at_one_time_in_topic_order() {
+        let events = [
+            photo("evt-z", "active"),
+            photo("evt-a", "blocked"),
+            photo("evt-z", "active"),
+        ];
+        let verdicts = [
+            counting("approved"),
+            counting("blocked"),
+            counting("approved"),
+        ];
+        assert_eq!(
+            counted(&events, &verdicts),
+            BTreeMap::from([(
+                "u-1".to_string(),
+                Counters::from([("blocked".to_string(), 1)])
+            )])
+        );
+    }
 }

@@ -1527,6 +1527,50 @@ const EXPLAINED: &str = r#"[{
   "strategy": {"goal": 10, "operation": "sum", "strategy": [{"objective_id": "photos"}, {"objective_id": "reviews"}]}
 }]"#;
 
+/// Newest first, and of one occurred_at the later in the topic first: as
+/// ingest decides which is an item's last event, whichever id is larger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_lists_an_items_events_at_one_time_later_in_the_topic_first() {
+    let mut p = Pipeline::start(EXPLAINED, &["photos", "reviews"]).await;
+    for (id, status) in [("evt-z", "active"), ("evt-a", "blocked")] {
+        p.send(&event(
+            id,
+            "photos",
+            "u-7",
+            Some(("photo-1", status)),
+            1,
+            json!({}),
+        ))
+        .await;
+    }
+    p.settle("photos", "u-7").await;
+    assert_eq!(
+        p.objective("u-7", "active-photos", "photos").await,
+        std::collections::BTreeMap::new(),
+        "blocked, the later"
+    );
+    let server = Server::start(
+        &p.db.url,
+        p.registry.clone(),
+        Some(p.broker.bootstrap_servers()),
+    )
+    .await;
+    let answer = server
+        .admin("GET", "/users/u-7/awards/active-photos/explain", None)
+        .await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let ids: Vec<&str> = answer.body["recent_events_evaluated"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["event_id"].as_str())
+        .filter(|id| id.starts_with("evt-"))
+        .collect();
+    assert_eq!(ids, ["evt-a", "evt-z"]);
+    drop(server);
+    p.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn explain_says_which_items_count_and_which_filter_stopped_the_others() {
     let mut p = Pipeline::start(EXPLAINED, &["photos", "reviews"]).await;

@@ -280,21 +280,7 @@ async fn prepare(events: usize, seed: u64) -> (TestDb, Broker, Expected) {
         .unwrap();
     let broker = Broker::start();
     let (events, expected) = workload(events, seed);
-    let producer = ingest::producer(&broker.bootstrap).unwrap();
-    for chunk in events.chunks(1000) {
-        let sends = chunk.iter().map(|(topic, key, value)| {
-            ingest::publish(
-                &producer,
-                topic,
-                Some(key.as_bytes()),
-                value.as_bytes(),
-                &[],
-            )
-        });
-        for result in futures_util::future::join_all(sends).await {
-            result.unwrap();
-        }
-    }
+    publish_all(&broker.bootstrap, &events).await;
     (db, broker, expected)
 }
 
@@ -423,20 +409,22 @@ async fn two_processes_share_a_group_and_one_stops_midway() {
     db.drop_database().await;
 }
 
-/// Publishes `(topic, key, value)` in order.
+/// Publishes `(topic, key, value)` in order, a thousand at a time.
 async fn publish_all(brokers: &str, events: &[(String, String, String)]) {
     let producer = ingest::producer(brokers).unwrap();
-    let sends = events.iter().map(|(topic, key, value)| {
-        ingest::publish(
-            &producer,
-            topic,
-            Some(key.as_bytes()),
-            value.as_bytes(),
-            &[],
-        )
-    });
-    for result in futures_util::future::join_all(sends).await {
-        result.unwrap();
+    for chunk in events.chunks(1000) {
+        let sends = chunk.iter().map(|(topic, key, value)| {
+            ingest::publish(
+                &producer,
+                topic,
+                Some(key.as_bytes()),
+                value.as_bytes(),
+                &[],
+            )
+        });
+        for result in futures_util::future::join_all(sends).await {
+            result.unwrap();
+        }
     }
 }
 

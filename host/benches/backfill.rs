@@ -24,7 +24,8 @@
 use std::time::{Duration, Instant};
 
 use laurel::catalog::Catalog;
-use laurel::ingest::{self, IngestSettings, LocalBroker};
+use laurel::ingest::IngestSettings;
+use laurel::kafka::{self, LocalBroker};
 use laurel::registry::Registry;
 use laurel::runtime::{Limits, Runtime};
 use laurel::store::Store;
@@ -136,7 +137,7 @@ async fn measure(server: &str, count: usize) -> (f64, f64) {
     let broker = LocalBroker::start(None).await.unwrap();
     broker.create_topic("events.photos", PARTITIONS).unwrap();
     broker.create_topic("events.photos.dead", 1).unwrap();
-    let producer = ingest::producer(broker.bootstrap_servers()).unwrap();
+    let producer = kafka::producer(broker.bootstrap_servers()).unwrap();
     let catalog = Catalog::start(&url).await.unwrap();
     let defaults = IngestSettings::new(broker.bootstrap_servers());
     let settings = IngestSettings {
@@ -155,7 +156,7 @@ async fn measure(server: &str, count: usize) -> (f64, f64) {
     let ingest_url = url.clone();
     let ingest_registry = registry.clone();
     let task = tokio::spawn(async move {
-        ingest::run(settings, &ingest_url, ingest_registry, catalog, async {
+        laurel::cli::ingest_and_backfill(settings, &ingest_url, ingest_registry, catalog, async {
             let _ = stopped.await;
         })
         .await
@@ -172,7 +173,7 @@ async fn measure(server: &str, count: usize) -> (f64, f64) {
     let warm = json!({"id": "warm", "source": "photos", "type": "photos.changed", "user_id": "warm-up",
                       "authorized": true, "content_id": "warm", "status": "active",
                       "occurred_at": "2026-12-01T10:00:00Z", "payload": {}});
-    ingest::publish(
+    kafka::publish(
         &producer,
         "events.photos",
         Some(b"warm-up"),
@@ -187,7 +188,7 @@ async fn measure(server: &str, count: usize) -> (f64, f64) {
     let started = Instant::now();
     for chunk in all.chunks(2000) {
         let sends = chunk.iter().map(|(k, v)| {
-            ingest::publish(
+            kafka::publish(
                 &producer,
                 "events.photos",
                 Some(k.as_bytes()),

@@ -29,7 +29,8 @@
 use std::time::{Duration, Instant};
 
 use laurel::catalog::Catalog;
-use laurel::ingest::{self, IngestSettings, LocalBroker};
+use laurel::ingest::IngestSettings;
+use laurel::kafka::{self, LocalBroker};
 use laurel::registry::Registry;
 use laurel::runtime::{Limits, Runtime};
 use laurel::store::Store;
@@ -328,7 +329,7 @@ async fn measure(
             .create_topic(&format!("events.{source}.dead"), 1)
             .unwrap();
     }
-    let producer = ingest::producer(broker.bootstrap_servers()).unwrap();
+    let producer = kafka::producer(broker.bootstrap_servers()).unwrap();
     let baseline = if with_baseline {
         Some(baseline(url, count).await)
     } else {
@@ -360,7 +361,7 @@ async fn measure(
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let ingest_url = url.to_string();
     let task = tokio::spawn(async move {
-        ingest::run(settings, &ingest_url, registry, catalog, async {
+        laurel::cli::ingest_and_backfill(settings, &ingest_url, registry, catalog, async {
             let _ = stopped.await;
         })
         .await
@@ -371,7 +372,7 @@ async fn measure(
     for source in SOURCES {
         let warm = json!({"id": format!("warm-{source}"), "source": source, "type": "app.used", "user_id": "warm-up",
                           "authorized": true, "occurred_at": "2026-12-01T10:00:00Z", "payload": {}});
-        ingest::publish(
+        kafka::publish(
             &producer,
             &format!("events.{source}"),
             Some(b"warm-up"),
@@ -399,7 +400,7 @@ async fn measure(
     for chunk in all.chunks(2000) {
         let sends = chunk
             .iter()
-            .map(|(t, k, v)| ingest::publish(&producer, t, Some(k.as_bytes()), v.as_bytes(), &[]));
+            .map(|(t, k, v)| kafka::publish(&producer, t, Some(k.as_bytes()), v.as_bytes(), &[]));
         for result in futures_util::future::join_all(sends).await {
             result.unwrap();
         }

@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 
 use laurel::awards::{self, AwardsSettings};
 use laurel::catalog::Catalog;
-use laurel::ingest::{self, IngestSettings, LocalBroker};
+use laurel::ingest::IngestSettings;
+use laurel::kafka::{self, LocalBroker};
 use laurel::registry::Registry;
 use laurel::runtime::{Limits, Runtime};
 use laurel::store::Store;
@@ -78,7 +79,7 @@ fn main() {
         laurel::definitions::apply(&mut store, &registry, AWARD).await.unwrap();
         let broker = LocalBroker::start(None).await.unwrap();
         broker.create_topic("events.photos", 4).unwrap();
-        let producer = ingest::producer(broker.bootstrap_servers()).unwrap();
+        let producer = kafka::producer(broker.bootstrap_servers()).unwrap();
         let catalog = Catalog::start(&url).await.unwrap();
 
         let (stop, stopped) = tokio::sync::watch::channel(false);
@@ -91,7 +92,7 @@ fn main() {
         };
         let ingest_task = {
             let (url, registry, catalog, stopped) = (url.clone(), registry.clone(), catalog.clone(), until(stopped.clone()));
-            tokio::spawn(async move { ingest::run(settings, &url, registry, catalog, stopped).await })
+            tokio::spawn(async move { laurel::cli::ingest_and_backfill(settings, &url, registry, catalog, stopped).await })
         };
         let awards_task = {
             let (url, registry, catalog, stopped) = (url.clone(), registry.clone(), catalog.clone(), until(stopped.clone()));
@@ -106,7 +107,7 @@ fn main() {
             .to_string()
         };
         // Warm-up: the consumer joins its group and one award completes.
-        ingest::publish(&producer, "events.photos", Some(b"warm-up"), event("warm-up", chrono::Utc::now()).as_bytes(), &[])
+        kafka::publish(&producer, "events.photos", Some(b"warm-up"), event("warm-up", chrono::Utc::now()).as_bytes(), &[])
             .await
             .unwrap();
         let client = sql(&url).await;
@@ -145,7 +146,7 @@ fn main() {
             let producer = producer.clone();
             tokio::spawn(async move {
                 let sends = batch.iter().map(|(user, value)| {
-                    ingest::publish(&producer, "events.photos", Some(user.as_bytes()), value.as_bytes(), &[])
+                    kafka::publish(&producer, "events.photos", Some(user.as_bytes()), value.as_bytes(), &[])
                 });
                 for result in futures_util::future::join_all(sends).await {
                     result.unwrap();

@@ -32,7 +32,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use laurel::ingest::{self, LocalBroker};
+use laurel::kafka::{self, LocalBroker};
 use laurel::registry::Registry;
 use laurel::runtime::{Limits, RawRecord, Runtime, TransformInstance};
 use laurel::store::Store;
@@ -347,14 +347,14 @@ async fn measure(server: &str, count: usize, cpu: usize) -> (f64, f64) {
     broker.create_topic(TOPIC, PARTITIONS).unwrap();
     broker.create_topic("events.bss", 4).unwrap();
     broker.create_topic(&format!("{TOPIC}.dead"), 1).unwrap();
-    let producer = ingest::producer(&brokers).unwrap();
+    let producer = kafka::producer(&brokers).unwrap();
     let values: Vec<String> = (0..count).map(record).collect();
     for (c, chunk) in values.chunks(5000).enumerate() {
         let sends = chunk.iter().enumerate().map(|(i, value)| {
             let key = format!("k-{}", c * 5000 + i);
             let producer = &producer;
             async move {
-                ingest::publish(producer, TOPIC, Some(key.as_bytes()), value.as_bytes(), &[]).await
+                kafka::publish(producer, TOPIC, Some(key.as_bytes()), value.as_bytes(), &[]).await
             }
         });
         for result in futures_util::future::join_all(sends).await {
@@ -389,7 +389,7 @@ async fn measure(server: &str, count: usize, cpu: usize) -> (f64, f64) {
         .env("LAUREL_DATABASE_URL", &url)
         .env("LAUREL_KAFKA_BROKERS", &brokers)
         .env("LAUREL_CACHE_DIR", &cache)
-        // LAUREL_BENCH_LOG (e.g. `laurel::ingest::prefilter=debug`) shows
+        // LAUREL_BENCH_LOG (e.g. `laurel::prefilter=debug`) shows
         // each batch's time per phase.
         .env(
             "LAUREL_LOG",

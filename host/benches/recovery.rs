@@ -16,7 +16,8 @@ mod owned_postgres;
 use std::time::{Duration, Instant};
 
 use laurel::catalog::Catalog;
-use laurel::ingest::{self, IngestSettings, LocalBroker};
+use laurel::ingest::IngestSettings;
+use laurel::kafka::{self, LocalBroker};
 use laurel::registry::Registry;
 use laurel::runtime::{Limits, Runtime};
 use laurel::store::Store;
@@ -93,13 +94,13 @@ fn main() {
         let settings = IngestSettings::new(broker.bootstrap_servers());
         let ingest_url = url.clone();
         let ingest = tokio::spawn(async move {
-            ingest::run(settings, &ingest_url, registry, catalog, async {
+            laurel::cli::ingest_and_backfill(settings, &ingest_url, registry, catalog, async {
                 let _ = stopped.await;
             })
             .await
         });
         // A steady stream: 1,000 events/s, each a new id.
-        let producer = ingest::producer(broker.bootstrap_servers()).unwrap();
+        let producer = kafka::producer(broker.bootstrap_servers()).unwrap();
         let streaming = tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_millis(10));
             for i in 0u64.. {
@@ -108,7 +109,7 @@ fn main() {
                     let user = format!("u-{}", (i * 10 + j) % 1000);
                     let event = json!({"id": format!("e-{i}-{j}"), "source": "bss", "type": "app.opened",
                         "user_id": user, "authorized": true, "occurred_at": "2026-12-01T10:00:00Z", "payload": {}});
-                    let _ = ingest::publish(&producer, "events.bss", Some(user.as_bytes()), event.to_string().as_bytes(), &[]).await;
+                    let _ = kafka::publish(&producer, "events.bss", Some(user.as_bytes()), event.to_string().as_bytes(), &[]).await;
                 }
             }
         });

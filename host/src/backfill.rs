@@ -40,7 +40,8 @@ use tracing::{debug, info, warn};
 
 use crate::definitions::AwardDefinition;
 use crate::event::Envelope;
-use crate::ingest::{self, Plan};
+use crate::kafka;
+use crate::objectives::{self, Plan};
 use crate::registry::Registry;
 use crate::store::{
     Batch, Effect, EventsStep, HistoryBackfill, HistoryStep, Lease, Message, Store, StoredItem,
@@ -73,52 +74,6 @@ pub struct BackfillSettings {
     pub retention_days: i32,
 }
 
-/// Starts (or starts over) the backfill from history of `award_id`, over
-/// the registered sources that some objective of it can match.
-pub async fn request(
-    store: &Store,
-    registry: &Arc<Registry>,
-    award_id: &str,
-) -> anyhow::Result<HistoryBackfill> {
-    let (award, version, _) = enabled_award(store, award_id).await?;
-    let names: Vec<String> = store.sources().await?.into_iter().map(|s| s.name).collect();
-    let registry = registry.clone();
-    let sources = tokio::task::spawn_blocking(move || {
-        let awards = [award];
-        names
-            .into_iter()
-            .filter(|source| Plan::build(source, &awards, &registry).objective_count() > 0)
-            .collect::<Vec<_>>()
-    })
-    .await?;
-    let backfill = store
-        .request_history_backfill(award_id, version, &sources)
-        .await?
-        .ok_or_else(|| anyhow::anyhow!("no award named {award_id}"))?;
-    info!(message = "Backfill from history requested.", award = %award_id, version, sources = ?sources, items = backfill.total);
-    Ok(backfill)
-}
-
-/// The enabled definition of `award_id` and its version.
-async fn enabled_award(
-    store: &Store,
-    award_id: &str,
-) -> anyhow::Result<(AwardDefinition, i32, chrono::DateTime<chrono::Utc>)> {
-    let row = store
-        .awards()
-        .await?
-        .into_iter()
-        .find(|r| r.id == award_id)
-        .ok_or_else(|| anyhow::anyhow!("no award named {award_id}"))?;
-    anyhow::ensure!(
-        row.enabled,
-        "award {award_id} is disabled: it counts nothing, so there is nothing to backfill"
-    );
-    let award: AwardDefinition = serde_json::from_value(row.definition)
-        .map_err(|e| anyhow::anyhow!("award {award_id} as stored cannot be read: {e}"))?;
-    Ok((award, row.version, row.updated_at))
-}
-
 /// Takes backfills from history and walks them.
 pub struct Backfiller {
     store: Store,
@@ -132,7 +87,7 @@ pub struct Backfiller {
     planned: Option<(String, i32, u64)>,
     brokers: Option<String>,
     /// Made at the first analytics step.
-    reader: Option<ingest::RetainedReader>,
+    reader: Option<kafka::RetainedReader>,
     /// Sources' topics by name, read again when a source is not in it.
     topics: HashMap<String, String>,
     /// A connection of its own that reads the next step's items while
@@ -199,7 +154,7 @@ impl Backfiller {
     ) -> anyhow::Result<Option<HistoryBackfill>> {
         info!(message = "Backfilling from history.", award = %backfill.award_id, version = backfill.award_version, done = backfill.done, total = backfill.total);
         let (award, version, updated_at) =
-            match enabled_award(&self.store, &backfill.award_id).await {
+            match crate::definitions::enabled_award(&self.store, &backfill.award_id).await {
                 Ok(found) => found,
                 Err(error) => {
                     // Deleted or disabled since: nothing more to do.
@@ -393,8 +348,8 @@ impl Backfiller {
             let Some(topic) = self.topics.get(source) else {
                 continue;
             };
-            let group = format!("{}.{source}", ingest::GROUP_PREFIX);
-            for (partition, low, end) in ingest::committed_ranges(&brokers, &group, topic).await? {
+            let group = kafka::source_group(kafka::GROUP_PREFIX, source);
+            for (partition, low, end) in kafka::committed_ranges(&brokers, &group, topic).await? {
                 from_start &= low == 0;
                 positions.insert(format!("{source}/{partition}"), (low, end));
             }
@@ -440,7 +395,7 @@ impl Backfiller {
         let brokers = self.brokers.clone().unwrap_or_default();
         let reader = self
             .reader
-            .get_or_insert_with(|| ingest::RetainedReader::new(&brokers));
+            .get_or_insert_with(|| kafka::RetainedReader::new(&brokers));
         let (messages, low) = reader
             .read(&topic, partition, from, to, self.settings.batch)
             .await?;
@@ -481,7 +436,7 @@ impl Backfiller {
             if at.is_some_and(|at| at < oldest_readable) {
                 continue;
             }
-            match ingest::check_message(
+            match objectives::check_message(
                 m.key.as_deref(),
                 m.value.as_deref(),
                 &source,
@@ -639,7 +594,7 @@ impl Writer {
                     continue;
                 }
                 let m = messages[index];
-                match ingest::check_message(m.key, m.value, source, max_event_bytes) {
+                match objectives::check_message(m.key, m.value, source, max_event_bytes) {
                     Ok(envelope) if envelope.content_id.is_some() => {
                         admitted.push((index, envelope))
                     }
@@ -687,8 +642,9 @@ impl Writer {
             .await?;
         let read = started.elapsed();
         let mut unused = Vec::new();
-        admitted
-            .retain(|(index, envelope)| !ingest::skipped(*index, envelope, &excluded, &mut unused));
+        admitted.retain(|(index, envelope)| {
+            !objectives::skipped(*index, envelope, &excluded, &mut unused)
+        });
         if admitted.is_empty() {
             return Ok((0, 0, None));
         }
@@ -737,7 +693,7 @@ impl Writer {
             backfill: true,
             recorded: &[],
         };
-        let (applied, refused) = ingest::apply_isolating(&mut self.store, &batch).await?;
+        let (applied, refused) = self.store.apply_isolating(&batch).await?;
         let ms = |d: Duration| d.as_secs_f64() * 1000.0;
         debug!(
             message = "Backfill step applied.",

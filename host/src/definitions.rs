@@ -330,7 +330,7 @@ pub async fn apply(
         if started.is_some_and(|b| b.award_version == *version) {
             continue;
         }
-        if let Err(error) = crate::backfill::request(store, registry, &definition.id).await {
+        if let Err(error) = request_backfill(store, registry, &definition.id).await {
             tracing::warn!(message = "The award was applied, but its backfill from history could not be started; start it with `laurel awards backfill`.", award = %definition.id, error = %format!("{error:#}"));
         }
     }
@@ -541,7 +541,7 @@ async fn check_uses(
         // push itself says what it is.
         let function = match runtime.load(&name_owned, 0, &bytes_owned, expected) {
             Ok(function) => function,
-            Err(_) if !awards.iter().any(|a| crate::shadow::uses(a, &name_owned)) => {
+            Err(_) if !awards.iter().any(|a| a.uses(&name_owned)) => {
                 return Ok(Vec::new());
             }
             Err(error) => return Err(error),
@@ -634,4 +634,62 @@ fn uses_refused(
         }
     }
     problems
+}
+impl AwardDefinition {
+    /// Whether it names `function` as a filter, rule or strategy.
+    pub fn uses(&self, function: &str) -> bool {
+        self.strategy_function == function
+            || self
+                .objectives
+                .iter()
+                .any(|o| o.rule.name == function || o.filters.iter().any(|f| f.name == function))
+    }
+}
+
+/// Starts (or starts over) the backfill from history of `award_id`, over
+/// the registered sources that some objective of it can match.
+pub async fn request_backfill(
+    store: &crate::store::Store,
+    registry: &Arc<Registry>,
+    award_id: &str,
+) -> anyhow::Result<crate::store::HistoryBackfill> {
+    let (award, version, _) = enabled_award(store, award_id).await?;
+    let names: Vec<String> = store.sources().await?.into_iter().map(|s| s.name).collect();
+    let registry = registry.clone();
+    let sources = tokio::task::spawn_blocking(move || {
+        let awards = [award];
+        names
+            .into_iter()
+            .filter(|source| {
+                crate::objectives::Plan::build(source, &awards, &registry).objective_count() > 0
+            })
+            .collect::<Vec<_>>()
+    })
+    .await?;
+    let backfill = store
+        .request_history_backfill(award_id, version, &sources)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("no award named {award_id}"))?;
+    tracing::info!(message = "Backfill from history requested.", award = %award_id, version, sources = ?sources, items = backfill.total);
+    Ok(backfill)
+}
+
+/// The enabled definition of `award_id` and its version.
+pub async fn enabled_award(
+    store: &crate::store::Store,
+    award_id: &str,
+) -> anyhow::Result<(AwardDefinition, i32, chrono::DateTime<chrono::Utc>)> {
+    let row = store
+        .awards()
+        .await?
+        .into_iter()
+        .find(|r| r.id == award_id)
+        .ok_or_else(|| anyhow::anyhow!("no award named {award_id}"))?;
+    anyhow::ensure!(
+        row.enabled,
+        "award {award_id} is disabled: it counts nothing, so there is nothing to backfill"
+    );
+    let award: AwardDefinition = serde_json::from_value(row.definition)
+        .map_err(|e| anyhow::anyhow!("award {award_id} as stored cannot be read: {e}"))?;
+    Ok((award, row.version, row.updated_at))
 }

@@ -246,9 +246,9 @@ pub async fn publish_and_show(brokers: &str, database_url: &str) -> anyhow::Resu
             demo_event(10, "bss", "card.opened", None, json!({"card": "firm-17"})),
         ),
     ];
-    let producer = crate::ingest::producer(brokers)?;
+    let producer = crate::kafka::producer(brokers)?;
     for (source, event) in &events {
-        crate::ingest::publish(
+        crate::kafka::publish(
             &producer,
             &format!("events.{source}"),
             Some(DEMO_USER.as_bytes()),
@@ -258,7 +258,7 @@ pub async fn publish_and_show(brokers: &str, database_url: &str) -> anyhow::Resu
         .await?;
     }
     for line in RAW_LINES {
-        crate::ingest::publish(
+        crate::kafka::publish(
             &producer,
             RAW_TOPIC,
             Some(DEMO_USER.as_bytes()),

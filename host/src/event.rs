@@ -18,6 +18,9 @@ use crate::runtime::{Event, Field, Scalar};
 /// a de-duplication membership, holds a user id, a content id and a
 /// de-duplication key).
 pub const MAX_ID_BYTES: usize = 512;
+/// Larger messages are dead-lettered, unless a setting
+/// (`LAUREL_MAX_EVENT_BYTES`) says otherwise.
+pub const MAX_EVENT_BYTES: usize = 1 << 20;
 /// Longest `type` and `status`, in bytes.
 pub const MAX_NAME_BYTES: usize = 256;
 /// Most payload leaves (scalars) an event may have.
@@ -274,25 +277,6 @@ fn flatten(value: &Value, path: &mut String, out: &mut Vec<Field>) {
     });
 }
 
-/// Text from outside (a reason quoting a key, an id from a message that
-/// could not be used) made safe to store and print: NUL and other control
-/// characters escaped, at most `max` bytes.
-pub fn printable(text: &str, max: usize) -> String {
-    let mut out = String::with_capacity(text.len().min(max));
-    for c in text.chars() {
-        if out.len() >= max {
-            out.push('…');
-            break;
-        }
-        if c.is_control() {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -442,11 +426,5 @@ mod tests {
                 .to_string()
                 .starts_with("malformed event: recursion limit exceeded"),
         );
-    }
-
-    #[test]
-    fn printable_escapes_controls_and_bounds_length() {
-        assert_eq!(printable("a\u{0}b\nc", 100), "a\\u{0}b\\nc");
-        assert_eq!(printable(&"x".repeat(10), 4), "xxxx…");
     }
 }

@@ -11,21 +11,30 @@ pub mod demo;
 pub mod event;
 pub mod fixtures;
 pub mod ingest;
+pub mod kafka;
 pub mod keyvalue;
 pub mod library;
 pub mod metrics;
 pub mod notify;
+pub mod objectives;
+pub mod outbound;
 pub mod pipelines;
+pub mod prefilter;
+pub mod progress;
 pub mod proxy;
 pub mod redis_connection;
 pub mod registry;
+pub mod replay;
 pub mod runtime;
 pub mod scaffold;
 pub mod secrets;
 pub mod settings;
 pub mod shadow;
 pub mod store;
+pub mod supervise;
 pub mod telemetry;
+pub mod text;
+pub mod webhooks;
 
 /// Every binary linking Laurel (the `laurel` command, tests, benchmarks)
 /// allocates through mimalloc: ingest builds and drops many small maps and

@@ -16,6 +16,7 @@ use futures_util::StreamExt;
 use tracing::{Instrument, info, warn};
 
 use crate::metrics;
+use crate::outbound;
 use crate::proxy::{Policy, ProxyPools, Taken};
 use crate::store::{self, Delivery, Store, StoreError, Webhook};
 
@@ -80,69 +81,6 @@ impl Default for NotifySettings {
     }
 }
 
-/// Transition types a webhook can receive.
-pub const EVENTS: &[&str] = &["award.completed", "award.revoked"];
-
-/// A webhook, checked: a name the database accepts, an http(s) URL, known
-/// event types.
-pub fn checked_webhook(
-    name: &str,
-    url: &str,
-    events: &[String],
-    proxy_pool: Option<&str>,
-) -> Result<Webhook, String> {
-    let name_ok = !name.is_empty()
-        && name.len() <= 128
-        && name
-            .chars()
-            .next()
-            .is_some_and(|c| c.is_ascii_alphanumeric())
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c));
-    if !name_ok {
-        return Err(format!(
-            "invalid webhook name {name:?}: letters, digits, `_`, `.`, `-`, starting with a letter or digit, at most 128"
-        ));
-    }
-    match reqwest::Url::parse(url) {
-        Ok(parsed) if matches!(parsed.scheme(), "http" | "https") && parsed.host().is_some() => {}
-        Ok(parsed) => {
-            return Err(format!(
-                "invalid webhook URL {:?}: expected http:// or https:// with a host, got scheme {:?}",
-                crate::secrets::redact_url(url),
-                parsed.scheme()
-            ));
-        }
-        Err(error) => {
-            return Err(format!(
-                "invalid webhook URL {:?}: {error}",
-                crate::secrets::redact_url(url)
-            ));
-        }
-    }
-    if events.is_empty() {
-        return Err("a webhook needs at least one event type".into());
-    }
-    if let Some(pool) = proxy_pool {
-        crate::proxy::check_pool(pool).map_err(|e| e.to_string())?;
-    }
-    for event in events {
-        if !EVENTS.contains(&event.as_str()) {
-            return Err(format!(
-                "unknown event type {event:?} (expected {})",
-                EVENTS.join(" or ")
-            ));
-        }
-    }
-    Ok(Webhook {
-        name: name.to_string(),
-        url: url.to_string(),
-        events: events.to_vec(),
-        proxy_pool: proxy_pool.map(str::to_string),
-    })
-}
-
 /// The wait after failed attempt number `attempt` (1-based).
 pub fn backoff(attempt: i32, base: Duration, cap: Duration) -> Duration {
     let doublings = attempt.saturating_sub(1).clamp(0, 30) as u32;
@@ -192,7 +130,7 @@ impl DeliveryError {
 /// The HTTP side of delivery.
 #[derive(Clone)]
 pub struct Sender {
-    client: reqwest::Client,
+    client: outbound::Client,
     timeout: Duration,
     /// Redis, for webhooks that send through a proxy pool; connected at
     /// the first such delivery, so Redis being away never holds up the
@@ -203,7 +141,7 @@ pub struct Sender {
 
 impl Sender {
     pub fn new(timeout: Duration, redis_url: Option<String>) -> anyhow::Result<Sender> {
-        let client = http_client()
+        let client = outbound::client()
             .timeout(timeout)
             .user_agent(concat!("laurel/", env!("CARGO_PKG_VERSION")))
             .no_proxy()
@@ -222,7 +160,7 @@ impl Sender {
         &self,
         pool: &str,
         policy: Policy,
-    ) -> Result<(reqwest::Client, Taken, &ProxyPools), DeliveryError> {
+    ) -> Result<(outbound::Client, Taken, &ProxyPools), DeliveryError> {
         let unavailable = |reason: String| DeliveryError::ProxyUnavailable {
             pool: pool.to_string(),
             reason,
@@ -243,9 +181,9 @@ impl Sender {
             .ok_or_else(|| DeliveryError::NoProxy {
                 pool: pool.to_string(),
             })?;
-        let client = reqwest::Proxy::all(&taken.proxy)
+        let client = outbound::Proxy::all(&taken.proxy)
             .and_then(|proxy| {
-                http_client()
+                outbound::client()
                     .timeout(self.timeout)
                     .user_agent(concat!("laurel/", env!("CARGO_PKG_VERSION")))
                     .proxy(proxy)
@@ -287,7 +225,7 @@ impl Sender {
 
     async fn post(
         &self,
-        client: &reqwest::Client,
+        client: &outbound::Client,
         webhook: &Webhook,
         via: &str,
         payload: &serde_json::Value,
@@ -308,14 +246,16 @@ impl Sender {
                 via: via.to_string(),
                 // reqwest quotes the URL (without its user info, with its
                 // query): the message names it redacted instead.
-                error: error_chain(&error.without_url()),
+                error: outbound::error_chain(&error.without_url()),
             })?;
         let status = response.status();
         if status.is_success() {
             return Ok(());
         }
         // Enough to say why; a receiver cannot make Laurel read more.
-        let body = read_limited(response, 64 << 10).await.unwrap_or_default();
+        let body = outbound::read_limited(response, 64 << 10)
+            .await
+            .unwrap_or_default();
         let body = String::from_utf8_lossy(&body);
         Err(DeliveryError::Status {
             url: crate::secrets::redact_url(&webhook.url),
@@ -327,46 +267,6 @@ impl Sender {
             },
         })
     }
-}
-
-/// A response's body, at most `limit` bytes (the rest is not read).
-pub(crate) async fn read_limited(
-    mut response: reqwest::Response,
-    limit: usize,
-) -> Result<Vec<u8>, String> {
-    let mut body = Vec::new();
-    while let Some(chunk) = response
-        .chunk()
-        .await
-        .map_err(|e| error_chain(&e.without_url()))?
-    {
-        let room = limit.saturating_sub(body.len());
-        body.extend_from_slice(&chunk[..chunk.len().min(room)]);
-        if body.len() >= limit {
-            break;
-        }
-    }
-    Ok(body)
-}
-
-/// An HTTP client builder with TLS ready: reqwest is built without a
-/// default crypto provider (ring is installed once, here).
-/// Redirects are never followed: a hop could lead anywhere (an internal
-/// host, a host a function may not reach), so a 3xx is an answer.
-pub(crate) fn http_client() -> reqwest::ClientBuilder {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    reqwest::Client::builder().redirect(reqwest::redirect::Policy::none())
-}
-
-pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 /// A lease longer than any attempt can take: the request's timeout plus

@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use crate::definitions::AwardDefinition;
 use crate::event::Envelope;
-use crate::ingest::{Plan, Verdict};
+use crate::objectives::{Plan, Verdict};
 use crate::registry::Registry;
 use crate::store::{Counters, Store};
 
@@ -140,7 +140,7 @@ pub async fn diff(
         .into_iter()
         .filter(|row| row.enabled)
         .filter_map(|row| serde_json::from_value::<AwardDefinition>(row.definition).ok())
-        .filter(|award| uses(award, name))
+        .filter(|award| award.uses(name))
         .collect();
 
     let shadow = registry.with_replaced(&[Arc::clone(&candidate)]);
@@ -252,7 +252,7 @@ async fn past_events(
     let mut envelopes = Vec::new();
     let mut problems = Vec::new();
     for source in &sources {
-        match crate::ingest::recent_payloads(brokers, &source.topic, reach.events).await {
+        match crate::kafka::recent_payloads(brokers, &source.topic, reach.events).await {
             Ok(payloads) => {
                 envelopes.extend(payloads.iter().filter_map(|p| Envelope::parse(p).ok()))
             }
@@ -343,15 +343,6 @@ async fn compare(
     .await
     .map_err(|e| DiffError::NoCandidate(format!("evaluating the events failed: {e}")))?;
     award_diff(store, before, after, window).await
-}
-
-/// Whether `award` names `function` as a filter, rule or strategy.
-pub(crate) fn uses(award: &AwardDefinition, function: &str) -> bool {
-    award.strategy_function == function
-        || award
-            .objectives
-            .iter()
-            .any(|o| o.rule.name == function || o.filters.iter().any(|f| f.name == function))
 }
 
 /// What the window of events makes of an award, live and with the
@@ -541,7 +532,7 @@ async fn award_diff(
         let stored: Vec<_> = compared.iter().map(|(_, s, _)| s.clone()).collect();
         let moved: Vec<_> = compared.iter().map(|(_, _, c)| c.clone()).collect();
         let was = match &before {
-            Some((award, registry)) => crate::awards::progress_of(award, registry, &stored),
+            Some((award, registry)) => crate::progress::progress_of(award, registry, &stored),
             // No award yet: nothing started.
             None => vec![
                 Ok(crate::runtime::Progress {
@@ -553,7 +544,7 @@ async fn award_diff(
                 stored.len()
             ],
         };
-        let will_be = crate::awards::progress_of(&after.0, &after.1, &moved);
+        let will_be = crate::progress::progress_of(&after.0, &after.1, &moved);
         compared
             .into_iter()
             .map(|(user, _, _)| user)

@@ -72,7 +72,7 @@ fn tracer_provider(endpoint: &str) -> anyhow::Result<SdkTracerProvider> {
     let url = traces_url(endpoint);
     // The exporter's HTTP client (reqwest, rustls without a built-in
     // provider) uses the process's provider, as every client of Laurel's.
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    crate::outbound::install_tls();
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
         .with_endpoint(&url)

@@ -14,7 +14,7 @@ use super::admin::{LogEntry, log_entry, time};
 use super::progress::{Audience, AwardProgress, AwardSummary, user_awards};
 use super::{ApiError, AppState};
 use crate::event::Envelope;
-use crate::ingest::{Plan, Verdict};
+use crate::objectives::{Plan, Verdict};
 use crate::store::{Counters, ItemRow, LogRecord};
 
 /// Recent events (and idle items) shown unless `?events=N` says otherwise.
@@ -296,7 +296,7 @@ async fn recent_events(
     let mut envelopes = Vec::new();
     let mut problems = Vec::new();
     for source in wanted {
-        match crate::ingest::recent_messages(&brokers, &source.topic, user_id, SCAN_PER_PARTITION)
+        match crate::kafka::recent_messages(&brokers, &source.topic, user_id, SCAN_PER_PARTITION)
             .await
         {
             Ok(payloads) => {

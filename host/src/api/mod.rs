@@ -10,14 +10,23 @@ mod admin;
 mod auth;
 mod error;
 mod explain;
+mod functions;
+mod health;
+mod kafka_watch;
 mod progress;
 mod public;
 mod services;
+mod settings;
 mod tokens;
 
 pub use auth::{AdminToken, Caller, Role, Secret, mint_user_token, random_secret};
 pub use error::ApiError;
+pub use settings::ApiSettings;
 pub use tokens::{TokenSettings, UserTokens};
+
+use functions::{follow_pushes, http_function, pushed_component};
+use health::healthz;
+use kafka_watch::{KafkaView, watch_kafka};
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -44,170 +53,6 @@ use crate::runtime::http::manifest::Manifest;
 use crate::runtime::http::{HttpFunctions, HttpLimits, PushedComponent};
 use crate::store::{PooledStore, StorePool};
 
-/// The API's settings.
-#[derive(Debug, Clone, clap::Args)]
-#[command(next_help_heading = "HTTP API")]
-pub struct ApiSettings {
-    /// Where the HTTP server (public API, admin API, HTTP functions,
-    /// health, metrics) listens; port 0 picks a free port (printed at
-    /// start).
-    #[arg(
-        id = "http_addr",
-        long = "http-addr",
-        env = "LAUREL_HTTP_ADDR",
-        default_value = "127.0.0.1:8080",
-        value_name = "ADDR"
-    )]
-    pub addr: SocketAddr,
-    /// Bearer token for `/admin/*` (named `admin`, role admin); unset, and
-    /// no LAUREL_ADMIN_TOKENS, the admin API refuses everything.
-    #[arg(
-        long = "admin-token",
-        env = "LAUREL_ADMIN_TOKEN",
-        hide_env_values = true,
-        value_name = "TOKEN"
-    )]
-    pub admin_token: Option<Secret>,
-    /// More admin tokens, each with a name (the audit log's "who") and a
-    /// role: comma-separated `name:role:token`, role `admin` or `read` (a
-    /// read token gets 403 on every write).
-    #[arg(
-        long = "admin-tokens",
-        env = "LAUREL_ADMIN_TOKENS",
-        hide_env_values = true,
-        value_delimiter = ',',
-        value_parser = AdminToken::parse,
-        value_name = "NAME:ROLE:TOKEN"
-    )]
-    pub admin_tokens: Vec<AdminToken>,
-    /// A file of admin tokens, one `name:role:token` a line (`#`
-    /// comments); read at start.
-    #[arg(
-        long = "admin-tokens-file",
-        env = "LAUREL_ADMIN_TOKENS_FILE",
-        value_name = "FILE"
-    )]
-    pub admin_tokens_file: Option<std::path::PathBuf>,
-    /// How users' tokens are checked (HS256 secret, JWKS, claims).
-    #[command(flatten)]
-    pub tokens: TokenSettings,
-    /// Largest JSON or text request body, in bytes (413 beyond).
-    #[arg(
-        long = "http-max-body-bytes",
-        env = "LAUREL_HTTP_MAX_BODY_BYTES",
-        default_value = "1048576",
-        value_parser = crate::settings::positive,
-        value_name = "BYTES"
-    )]
-    pub max_body_bytes: usize,
-    /// The process's `--database-url`.
-    #[arg(skip = crate::settings::DATABASE_URL.to_string())]
-    pub database_url: String,
-    /// The process's `--redis-url`.
-    #[arg(skip = crate::settings::REDIS_URL.to_string())]
-    pub redis_url: String,
-    /// Kafka, for consumer lag and health; `None` when this process has
-    /// no brokers configured.
-    #[arg(skip)]
-    pub kafka_brokers: Option<String>,
-    /// Consumer groups are `<prefix>.<source>`.
-    #[arg(skip = crate::ingest::GROUP_PREFIX.to_string())]
-    pub group_prefix: String,
-    /// A proxy pool that every outbound request of an HTTP function goes
-    /// through (unset: straight out).
-    #[arg(
-        long = "http-function-proxy-pool",
-        env = "LAUREL_HTTP_FUNCTION_PROXY_POOL",
-        value_name = "POOL"
-    )]
-    pub http_function_proxy_pool: Option<String>,
-    /// Connections to PostgreSQL the API may hold.
-    #[arg(skip = 8usize)]
-    pub database_connections: usize,
-    /// Ingest's limit on a message, applied again when replaying.
-    #[arg(skip = crate::ingest::MAX_EVENT_BYTES)]
-    pub max_event_bytes: usize,
-    /// A request's headers must arrive within this, in milliseconds (a
-    /// slow client is disconnected).
-    #[arg(
-        id = "http_header_timeout_ms",
-        long = "http-header-timeout-ms",
-        env = "LAUREL_HTTP_HEADER_TIMEOUT_MS",
-        default_value = "10000",
-        value_parser = crate::settings::positive_millis,
-        value_name = "MS"
-    )]
-    pub header_timeout: Duration,
-    /// A request's body must arrive within this, in milliseconds (408).
-    #[arg(
-        id = "http_body_timeout_ms",
-        long = "http-body-timeout-ms",
-        env = "LAUREL_HTTP_BODY_TIMEOUT_MS",
-        default_value = "30000",
-        value_parser = crate::settings::positive_millis,
-        value_name = "MS"
-    )]
-    pub body_timeout: Duration,
-    /// HTTP connections served at once; more wait to be accepted.
-    #[arg(
-        id = "http_max_connections",
-        long = "http-max-connections",
-        env = "LAUREL_HTTP_MAX_CONNECTIONS",
-        default_value = "1024",
-        value_parser = crate::settings::positive,
-        value_name = "CONNECTIONS"
-    )]
-    pub max_connections: usize,
-    /// How long a stop waits for requests in flight before closing their
-    /// connections (a share of the process's shutdown deadline).
-    #[arg(skip = Duration::from_secs(30))]
-    pub shutdown_timeout: Duration,
-    /// How often Kafka's health and the consumer lag are read (once for
-    /// the process, cached for every request).
-    #[arg(skip = Duration::from_secs(10))]
-    pub kafka_every: Duration,
-}
-
-impl ApiSettings {
-    /// The defaults, with the database at `database_url`.
-    pub fn new(database_url: &str) -> ApiSettings {
-        ApiSettings {
-            database_url: database_url.to_string(),
-            ..ApiSettings::default()
-        }
-    }
-
-    /// Reads LAUREL_ADMIN_TOKENS_FILE, if set, into `admin_tokens`.
-    pub fn read_admin_tokens_file(&mut self) -> anyhow::Result<()> {
-        let Some(file) = self.admin_tokens_file.take() else {
-            return Ok(());
-        };
-        let text = std::fs::read_to_string(&file).map_err(|e| {
-            anyhow::anyhow!(
-                "failed to read LAUREL_ADMIN_TOKENS_FILE {}: {e}",
-                file.display()
-            )
-        })?;
-        let tokens = AdminToken::parse_list(&text)
-            .map_err(|e| anyhow::anyhow!("LAUREL_ADMIN_TOKENS_FILE {}: {e}", file.display()))?;
-        self.admin_tokens.extend(tokens);
-        Ok(())
-    }
-
-    /// Whether any admin token is configured.
-    pub fn admin_enabled(&self) -> bool {
-        self.admin_token.is_some()
-            || !self.admin_tokens.is_empty()
-            || self.admin_tokens_file.is_some()
-    }
-}
-
-impl Default for ApiSettings {
-    fn default() -> Self {
-        crate::settings::defaults()
-    }
-}
-
 /// What every handler shares.
 pub struct AppState {
     settings: ApiSettings,
@@ -227,76 +72,6 @@ pub struct AppState {
     admin_tokens: Vec<AdminToken>,
     /// Kafka as last read by the watcher (brokers' health, consumer lag).
     kafka: Arc<std::sync::RwLock<KafkaView>>,
-}
-
-/// Kafka as the API shows it, read by one background task (`watch_kafka`)
-/// and cached: `/healthz`, `/metrics` and `/admin/v1/sources` make no Kafka
-/// client per request (an unauthenticated flood costs nothing there).
-#[derive(Debug, Default, Clone)]
-struct KafkaView {
-    /// None until the first read.
-    brokers: Option<Result<(), String>>,
-    /// Consumer lag by source.
-    lag: HashMap<String, Result<i64, String>>,
-    /// The pre-filter's consumer lag by pipeline (on its input topic).
-    pipeline_lag: HashMap<String, Result<i64, String>>,
-}
-
-async fn watch_kafka(
-    view: std::sync::Weak<std::sync::RwLock<KafkaView>>,
-    brokers: String,
-    group_prefix: String,
-    database_url: String,
-    every: Duration,
-) {
-    let mut store: Option<crate::store::Store> = None;
-    loop {
-        let Some(shared) = view.upgrade() else {
-            return;
-        };
-        let health = crate::ingest::check_brokers(&brokers, Duration::from_secs(3))
-            .await
-            .map(|_| ())
-            .map_err(|e| e.to_string());
-        if store.as_ref().is_none_or(|s| s.is_closed()) {
-            store = crate::store::Store::connect(&database_url).await.ok();
-        }
-        let (sources, pipelines) = match &store {
-            Some(store) => (
-                store.sources().await.unwrap_or_default(),
-                store.pipelines().await.unwrap_or_default(),
-            ),
-            None => (Vec::new(), Vec::new()),
-        };
-        let mut lag = HashMap::new();
-        let mut pipeline_lag = HashMap::new();
-        if health.is_ok() {
-            let behind = |group: String, topic: String| {
-                let brokers = brokers.clone();
-                async move {
-                    crate::ingest::consumer_lag(&brokers, &group, &topic)
-                        .await
-                        .map_err(|e| e.to_string())
-                }
-            };
-            for source in sources {
-                let group = format!("{group_prefix}.{}", source.name);
-                lag.insert(source.name, behind(group, source.topic).await);
-            }
-            for pipeline in pipelines {
-                let group = crate::ingest::prefilter::group(&group_prefix, &pipeline.name);
-                let value = behind(group, pipeline.input_topic).await;
-                pipeline_lag.insert(pipeline.name, value);
-            }
-        }
-        *shared.write().unwrap_or_else(|p| p.into_inner()) = KafkaView {
-            brokers: Some(health),
-            lag,
-            pipeline_lag,
-        };
-        drop(shared);
-        tokio::time::sleep(every).await;
-    }
 }
 
 impl AppState {
@@ -418,6 +193,13 @@ impl AppState {
     /// as last read (every 10 s).
     fn lag(&self, source: &str) -> Result<i64, String> {
         self.cached_lag(|view| view.lag.get(source), "source")
+    }
+
+    /// Whether `source`'s topic did not exist at the last read (its
+    /// consumers wait for a producer to create it).
+    fn waiting_for_topic(&self, source: &str) -> bool {
+        let view = self.kafka.read().unwrap_or_else(|p| p.into_inner());
+        view.waiting.contains(source)
     }
 
     /// A pipeline's consumer lag on its input topic (raw records the
@@ -673,227 +455,6 @@ async fn wrong_method(request: Request) -> ApiError {
         request.method(),
         request.uri().path()
     ))
-}
-
-/// A health check's answer, or why it has none after `limit`.
-async fn within(
-    limit: Duration,
-    name: &str,
-    check: impl Future<Output = Result<(), String>>,
-) -> Result<(), String> {
-    match tokio::time::timeout(limit, check).await {
-        Ok(result) => result,
-        Err(_) => Err(format!("{name} did not answer within {limit:?}")),
-    }
-}
-
-/// PostgreSQL, Redis and Kafka, each with how it answered; 503 if any
-/// failed.
-async fn healthz(State(state): State<Arc<AppState>>) -> Response {
-    const LIMIT: Duration = Duration::from_secs(3);
-    let postgres = async {
-        let store = state.store().await.map_err(|e| e.to_string())?;
-        store.ping().await.map_err(|e| e.to_string())
-    };
-    let redis = async {
-        let pools = state.proxies().await.map_err(|e| e.to_string())?;
-        pools.ping().await.map_err(|e| e.to_string())
-    };
-    // As the watcher last saw it (every 10 s): no Kafka client per request.
-    let kafka = async {
-        let view = state
-            .kafka
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        match (view.brokers, &state.settings.kafka_brokers) {
-            (Some(result), _) => result,
-            // Before the watcher's first look: one look now.
-            (None, Some(brokers)) => crate::ingest::check_brokers(brokers, LIMIT)
-                .await
-                .map(|_| ())
-                .map_err(|e| e.to_string()),
-            (None, None) => Ok(()),
-        }
-    };
-    let (postgres, redis, kafka) = tokio::join!(
-        within(LIMIT, "PostgreSQL", postgres),
-        within(LIMIT, "Redis", redis),
-        within(LIMIT, "Kafka", kafka)
-    );
-    let kafka = if state.settings.kafka_brokers.is_none() {
-        None
-    } else {
-        Some(kafka)
-    };
-    let healthy = postgres.is_ok() && redis.is_ok() && kafka.as_ref().is_none_or(Result::is_ok);
-    let health = Health {
-        status: if healthy { "ok" } else { "unavailable" },
-        checks: Checks {
-            postgres: Check::of(postgres),
-            redis: Check::of(redis),
-            kafka: kafka.map(Check::of),
-        },
-    };
-    let status = if healthy {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
-    };
-    (status, axum::Json(health)).into_response()
-}
-
-/// `GET /healthz`: `ok`, or `unavailable` with which check failed and why.
-#[derive(Debug, Serialize)]
-struct Health {
-    status: &'static str,
-    checks: Checks,
-}
-
-#[derive(Debug, Serialize)]
-struct Checks {
-    postgres: Check,
-    redis: Check,
-    /// Only where this process has brokers to check.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    kafka: Option<Check>,
-}
-
-#[derive(Debug, Serialize)]
-struct Check {
-    ok: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    error: Option<String>,
-}
-
-impl Check {
-    fn of(result: Result<(), String>) -> Check {
-        Check {
-            ok: result.is_ok(),
-            error: result.err(),
-        }
-    }
-}
-
-/// A version of an HTTP function, read from the registry.
-async fn pushed_component(
-    store: &crate::store::Store,
-    name: &str,
-    version: i32,
-) -> anyhow::Result<PushedComponent> {
-    let found = store
-        .function_version(name, version)
-        .await?
-        .ok_or_else(|| anyhow::anyhow!("{name} has no version {version}"))?;
-    Ok(PushedComponent {
-        version,
-        sha256: found.sha256,
-        bytes: found.bytes,
-    })
-}
-
-/// How often the HTTP functions are compared with the registry even
-/// without a change announced (the registry re-reads every 30 s).
-const FOLLOW_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// Keeps the served HTTP functions on the registry's live versions: after
-/// a push, promote or rollback (the registry's sync), each component whose
-/// live version moved is compiled and swapped in. A version that cannot be
-/// served is logged once, and the current code stays.
-async fn follow_pushes(state: std::sync::Weak<AppState>, functions: Arc<HttpFunctions>) {
-    let mut refused: HashMap<String, i32> = HashMap::new();
-    let mut seen = None;
-    loop {
-        let Some(state) = state.upgrade() else {
-            return;
-        };
-        let registry = Arc::clone(&state.registry);
-        let generation = registry.generation();
-        if seen != Some(generation) {
-            seen = Some(generation);
-            let live = registry.http_functions();
-            for (id, origin) in functions.origins() {
-                let Some((version, sha256)) = live.get(&id) else {
-                    continue;
-                };
-                let current = crate::runtime::http::Origin::Pushed {
-                    version: *version,
-                    sha256: sha256.clone(),
-                };
-                if origin == current || refused.get(&id) == Some(version) {
-                    continue;
-                }
-                let swapped = match state.store().await {
-                    Ok(store) => swap(&store, &functions, &id, *version).await,
-                    Err(error) => Err(anyhow::anyhow!("{error}")),
-                };
-                match swapped {
-                    Ok(()) => {
-                        refused.remove(&id);
-                        tracing::info!(message = "HTTP function swapped to a pushed version.", component = %id, version, from = ?origin);
-                    }
-                    Err(error) => {
-                        // Read again at the next change or tick; a version
-                        // that cannot be served is not tried again.
-                        if error.is::<crate::runtime::http::ManifestError>() {
-                            refused.insert(id.clone(), *version);
-                        } else {
-                            seen = None;
-                        }
-                        tracing::error!(message = "HTTP function not swapped; it serves what it served.", component = %id, version, %error);
-                    }
-                }
-            }
-        }
-        drop(state);
-        tokio::select! {
-            _ = registry.changed() => {}
-            _ = tokio::time::sleep(FOLLOW_EVERY) => {}
-        }
-    }
-}
-
-async fn swap(
-    store: &crate::store::Store,
-    functions: &Arc<HttpFunctions>,
-    id: &str,
-    version: i32,
-) -> anyhow::Result<()> {
-    let pushed = pushed_component(store, id, version).await?;
-    let (functions, id) = (Arc::clone(functions), id.to_string());
-    tokio::task::spawn_blocking(move || functions.swap(&id, &pushed)).await??;
-    Ok(())
-}
-
-/// A path no Laurel route takes: an HTTP function's, if `spin.toml`
-/// routes it to one, else 404.
-async fn http_function(State(state): State<Arc<AppState>>, request: Request) -> Response {
-    let Some(functions) = state
-        .functions
-        .get()
-        .filter(|f| f.serves(request.uri().path()))
-    else {
-        return no_route(request).await.into_response();
-    };
-    let limit = state.settings.max_body_bytes;
-    let (parts, body) = request.into_parts();
-    let bytes = match axum::body::to_bytes(body, limit).await {
-        Ok(bytes) => bytes,
-        Err(_) => {
-            return ApiError::PayloadTooLarge(format!(
-                "the request body is over the limit of {limit} bytes"
-            ))
-            .into_response();
-        }
-    };
-    match functions
-        .handle(axum::http::Request::from_parts(parts, bytes), None)
-        .await
-    {
-        Some(Ok(response)) => response.map(axum::body::Body::from).into_response(),
-        Some(Err(error)) => ApiError::from(error).into_response(),
-        None => ApiError::NotFound("no route".into()).into_response(),
-    }
 }
 
 /// This process's counters and histograms, and the consumer lag of each

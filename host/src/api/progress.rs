@@ -166,12 +166,13 @@ impl AppState {
             return Ok(*known);
         }
         let (award, registry) = (award.clone(), Arc::clone(&self.registry));
-        let computed =
-            tokio::task::spawn_blocking(move || crate::awards::progress_at_zero(&award, &registry))
-                .await
-                .map_err(|e| format!("the strategy could not run: {e}"))
-                .and_then(|r| r)
-                .map(|p| (p.progress, p.goal));
+        let computed = tokio::task::spawn_blocking(move || {
+            crate::progress::progress_at_zero(&award, &registry)
+        })
+        .await
+        .map_err(|e| format!("the strategy could not run: {e}"))
+        .and_then(|r| r)
+        .map(|p| (p.progress, p.goal));
         // A failure is not cached: the function may be fixed by a push.
         if let Ok(known) = computed {
             let mut cache = self.zero.cache.lock().unwrap_or_else(|p| p.into_inner());

@@ -11,7 +11,7 @@ use futures_util::future::BoxFuture;
 use super::progress::{Audience, user_awards};
 use super::{ApiError, AppState};
 use crate::event::Envelope;
-use crate::ingest::EventPublisher;
+use crate::kafka::EventPublisher;
 use crate::keyvalue::{KeyValueStores, KvFailure};
 use crate::proxy::Policy;
 use crate::runtime::http::{HttpServices, KvError, ProgressError};
@@ -99,9 +99,9 @@ async fn send(
     timeout: Duration,
     max_body_bytes: usize,
 ) -> Result<http::Response<Bytes>, String> {
-    let client = crate::notify::http_client()
+    let client = crate::outbound::client()
         .timeout(timeout)
-        .proxy(reqwest::Proxy::all(proxy).map_err(|e| e.to_string())?)
+        .proxy(crate::outbound::Proxy::all(proxy).map_err(|e| e.to_string())?)
         .build()
         .map_err(|e| e.to_string())?;
     let (parts, body) = request.into_parts();
@@ -114,13 +114,13 @@ async fn send(
     let response = outgoing
         .send()
         .await
-        .map_err(|e| crate::notify::error_chain(&e))?;
+        .map_err(|e| crate::outbound::error_chain(&e))?;
     let mut answer = http::Response::builder().status(response.status());
     for (name, value) in response.headers() {
         answer = answer.header(name, value);
     }
     // One byte over the limit tells the function the answer was too big.
-    let body = crate::notify::read_limited(response, max_body_bytes + 1).await?;
+    let body = crate::outbound::read_limited(response, max_body_bytes + 1).await?;
     if body.len() > max_body_bytes {
         return Err(format!(
             "the response body is over the limit of {max_body_bytes} bytes"

@@ -313,12 +313,11 @@ fn fits(jwk: &Jwk, algorithm: Algorithm) -> bool {
 
 async fn read_jwks(source: &str) -> Result<JwkSet, String> {
     let text = if source.starts_with("https://") || source.starts_with("http://") {
-        let client = reqwest::Client::builder()
+        let client = crate::outbound::client()
             .timeout(Duration::from_secs(10))
-            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| e.to_string())?;
-        let mut response = client
+        let response = client
             .get(source)
             .send()
             .await
@@ -326,16 +325,11 @@ async fn read_jwks(source: &str) -> Result<JwkSet, String> {
         if !response.status().is_success() {
             return Err(format!("the JWKS URL answered {}", response.status()));
         }
-        let mut body = Vec::new();
-        while let Some(chunk) = response
-            .chunk()
+        let body = crate::outbound::read_limited(response, JWKS_MAX_BYTES + 1)
             .await
-            .map_err(|e| format!("reading the JWKS failed: {e}"))?
-        {
-            body.extend_from_slice(&chunk);
-            if body.len() > JWKS_MAX_BYTES {
-                return Err(format!("the JWKS is over {JWKS_MAX_BYTES} bytes"));
-            }
+            .map_err(|e| format!("reading the JWKS failed: {e}"))?;
+        if body.len() > JWKS_MAX_BYTES {
+            return Err(format!("the JWKS is over {JWKS_MAX_BYTES} bytes"));
         }
         body
     } else {

@@ -9,10 +9,10 @@ use super::{
     ProxiesCommand, SourcesCommand, UsersCommand, WebhooksCommand,
 };
 use crate::catalog::Catalog;
+use crate::cli::settings::Connections;
+use crate::definitions;
 use crate::registry::Registry;
-use crate::settings::Connections;
 use crate::store::{PushOutcome, Store};
-use crate::{definitions, notify};
 
 /// The database, migrated.
 async fn store(connections: &Connections) -> anyhow::Result<Store> {
@@ -98,7 +98,7 @@ fn test_function(
     file: &std::path::Path,
     config: Option<&str>,
     fixtures: &std::path::Path,
-    sandbox: &crate::settings::Sandbox,
+    sandbox: &crate::cli::settings::Sandbox,
 ) -> anyhow::Result<()> {
     let config = match config {
         Some(at) if at.starts_with('@') => Some(
@@ -321,7 +321,7 @@ pub(super) async fn functions(
 async fn definition_file(
     connections: &Connections,
     file: &std::path::Path,
-    sandbox: &crate::settings::Sandbox,
+    sandbox: &crate::cli::settings::Sandbox,
 ) -> anyhow::Result<(String, std::sync::Arc<Registry>, Store)> {
     let text = std::fs::read_to_string(file)
         .with_context(|| format!("failed to read {}", file.display()))?;
@@ -470,7 +470,7 @@ pub(super) async fn awards(
             super::roles::prepare(connections, &runtime).await?;
             let registry = Registry::start(&connections.database_url, runtime).await?;
             let store = Store::connect(&connections.database_url).await?;
-            let started = crate::backfill::request(&store, &registry, &id).await?;
+            let started = crate::definitions::request_backfill(&store, &registry, &id).await?;
             println!(
                 "backfill of {id} v{} from history: {} stored item(s) of {}",
                 started.award_version,
@@ -821,8 +821,9 @@ pub(super) async fn webhooks(
             events,
             proxy_pool,
         } => {
-            let webhook = notify::checked_webhook(&name, &url, &events, proxy_pool.as_deref())
-                .map_err(anyhow::Error::msg)?;
+            let webhook =
+                crate::webhooks::checked_webhook(&name, &url, &events, proxy_pool.as_deref())
+                    .map_err(anyhow::Error::msg)?;
             store.set_webhook(&webhook).await?;
             println!("webhook {name} -> {url} ({})", events.join(", "));
         }
@@ -946,10 +947,10 @@ pub(super) async fn pipelines(
                 .into_iter()
                 .find(|p| p.name == name)
                 .ok_or_else(|| anyhow::anyhow!("no pipeline named {name}"))?;
-            let key = crate::ingest::prefilter::ReplayKey::load(&store).await?;
-            let report = crate::ingest::prefilter::replay(
+            let key = crate::replay::raw::ReplayKey::load(&store).await?;
+            let report = crate::replay::raw::replay(
                 &kafka_brokers,
-                crate::ingest::GROUP_PREFIX,
+                crate::kafka::GROUP_PREFIX,
                 &pipeline,
                 &key,
             )
@@ -1019,7 +1020,7 @@ pub(super) async fn dead_letters(
             let registry = Registry::start(&connections.database_url, sandbox.runtime()?).await?;
             let catalog = Catalog::start(&connections.database_url).await?;
             let filter = crate::store::LetterFilter { since, reason };
-            let report = crate::ingest::replay(
+            let report = crate::replay::replay(
                 &mut store,
                 &registry,
                 &catalog,

@@ -4,17 +4,18 @@
 
 mod commands;
 mod roles;
+pub mod settings;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use crate::ingest::LocalBroker;
+use crate::cli::settings::{Connections, Sandbox, Serving};
+use crate::kafka::LocalBroker;
 use crate::runtime::FunctionKind;
-use crate::settings::{Connections, Sandbox, Serving};
 
-pub use roles::{Role, shutdown_signal};
+pub use roles::{Role, ingest_and_backfill, shutdown_signal};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -284,7 +285,7 @@ enum AwardsCommand {
         #[arg(long, env = "LAUREL_BACKFILL_BATCH", default_value_t = 1000, value_parser = clap::value_parser!(i64).range(1..=100_000))]
         batch: i64,
         /// Stored events larger than this are not evaluated (ingest's limit).
-        #[arg(long, env = "LAUREL_MAX_EVENT_BYTES", default_value_t = crate::ingest::MAX_EVENT_BYTES)]
+        #[arg(long, env = "LAUREL_MAX_EVENT_BYTES", default_value_t = crate::event::MAX_EVENT_BYTES)]
         max_event_bytes: usize,
         /// Kafka bootstrap servers: the retained analytics events of the
         /// award's sources are read there (without, they are not, and the
@@ -505,7 +506,7 @@ enum DeadLettersCommand {
         #[arg(long)]
         reason: Option<String>,
         /// Larger messages are refused again, in bytes (as ingest does).
-        #[arg(long, env = "LAUREL_MAX_EVENT_BYTES", default_value_t = crate::ingest::MAX_EVENT_BYTES)]
+        #[arg(long, env = "LAUREL_MAX_EVENT_BYTES", default_value_t = crate::event::MAX_EVENT_BYTES)]
         max_event_bytes: usize,
         #[command(flatten)]
         sandbox: Sandbox,

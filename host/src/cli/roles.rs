@@ -14,10 +14,11 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::catalog::Catalog;
-use crate::ingest::LocalBroker;
+use crate::cli::settings::{Connections, Serving, backfill_settings, prefilter_settings};
+use crate::kafka;
+use crate::kafka::LocalBroker;
 use crate::registry::Registry;
 use crate::runtime::Runtime;
-use crate::settings::{Connections, Serving};
 use crate::store::Store;
 use crate::{awards, definitions, demo, ingest, library, notify, pipelines};
 
@@ -147,7 +148,7 @@ async fn create_source_topics(broker: &LocalBroker, database_url: &str) -> anyho
     }
     for pipeline in store.pipelines().await? {
         broker.create_topic(&pipeline.input_topic, 4)?;
-        broker.create_topic(&ingest::prefilter::dead_topic(&pipeline.input_topic), 1)?;
+        broker.create_topic(&kafka::dead_topic(&pipeline.input_topic), 1)?;
     }
     Ok(())
 }
@@ -196,6 +197,32 @@ async fn until_stopped(mut stop: watch::Receiver<bool>) {
     let _ = stop.wait_for(|stop| *stop).await;
 }
 
+/// The ingest role as a process runs it: the source consumers, and the
+/// backfills from history, taken up by whichever ingest process is free;
+/// both until `shutdown`.
+pub async fn ingest_and_backfill(
+    settings: crate::ingest::IngestSettings,
+    database_url: &str,
+    registry: Arc<Registry>,
+    catalog: Arc<Catalog>,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let (stop, stopped) = watch::channel(false);
+    let backfills = crate::backfill::run(
+        database_url.to_string(),
+        registry.clone(),
+        backfill_settings(&settings),
+        stopped,
+    );
+    let ingest = async {
+        let ended = ingest::run(settings, database_url, registry, catalog, shutdown).await;
+        let _ = stop.send(true);
+        ended
+    };
+    let (ended, ()) = tokio::join!(ingest, backfills);
+    ended
+}
+
 /// Starts `role`: what it must have to run is checked (and printed) now,
 /// so a bad setting fails the start, not a role later; the returned task
 /// runs until `stopped` resolves.
@@ -214,7 +241,8 @@ async fn start<'a>(
             info!(message = "Ingest starting.", brokers = %serving.ingest.brokers);
             let settings = serving.ingest.clone();
             Box::pin(async move {
-                let ended = ingest::run(settings, database_url, registry, catalog, stopped).await;
+                let ended =
+                    ingest_and_backfill(settings, database_url, registry, catalog, stopped).await;
                 (name, ended)
             })
         }
@@ -238,7 +266,7 @@ async fn start<'a>(
             info!(message = "Proxy re-checker starting.", redis = %crate::secrets::redact_url(&connections.redis_url));
             let redis_url = connections.redis_url.as_str();
             Box::pin(async move {
-                let ended = crate::proxy::candidates::run(database_url, redis_url, stopped).await;
+                let ended = crate::proxy::recheck::run(database_url, redis_url, stopped).await;
                 (name, ended)
             })
         }
@@ -248,16 +276,10 @@ async fn start<'a>(
         }
         Role::Prefilter => {
             info!(message = "Pre-filter starting.", brokers = %serving.ingest.brokers);
-            let settings = serving.ingest.clone();
+            let settings = prefilter_settings(&serving.ingest);
             Box::pin(async move {
-                let ended = crate::ingest::prefilter::run(
-                    settings,
-                    database_url,
-                    registry,
-                    catalog,
-                    stopped,
-                )
-                .await;
+                let ended =
+                    crate::prefilter::run(settings, database_url, registry, catalog, stopped).await;
                 (name, ended)
             })
         }

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use tracing::{info, warn};
+use tracing::info;
 
 use super::{Policy, ProxyError, ProxyPools, check_pool};
 use crate::store::{ProxyPoolRow, Store, StoreError};
@@ -42,7 +42,7 @@ pub fn parse_candidates(text: &str) -> (Vec<String>, Vec<JunkLine>) {
             junk.push(reject("expected scheme://host:port"));
             continue;
         }
-        let url = match reqwest::Url::parse(line) {
+        let url = match crate::outbound::Url::parse(line) {
             Ok(url) => url,
             Err(error) => {
                 junk.push(reject(&format!("not an address: {error}")));
@@ -125,7 +125,7 @@ pub fn checked_pool(pool: &ProxyPoolRow) -> Result<(), InvalidPool> {
             Policy::NAMES.join(" or ")
         ));
     }
-    match reqwest::Url::parse(&pool.check_url) {
+    match crate::outbound::Url::parse(&pool.check_url) {
         Ok(url) if matches!(url.scheme(), "http" | "https") && url.host().is_some() => {}
         _ => problems.push(format!(
             "check URL {:?} is not an http(s) URL with a host",
@@ -170,7 +170,7 @@ pub type CheckOutcome = Result<Duration, String>;
 
 /// Checks one candidate; its latency if eligible, else why not.
 pub async fn check(candidate: &str, rules: &Eligibility) -> CheckOutcome {
-    let url = reqwest::Url::parse(candidate).map_err(|e| format!("not an address: {e}"))?;
+    let url = crate::outbound::Url::parse(candidate).map_err(|e| format!("not an address: {e}"))?;
     if !rules.schemes.iter().any(|s| s == url.scheme()) {
         return Err(format!(
             "scheme {} is not allowed (allowed: {})",
@@ -202,18 +202,18 @@ pub async fn check(candidate: &str, rules: &Eligibility) -> CheckOutcome {
             }
         }
     }
-    let proxy = reqwest::Proxy::all(candidate).map_err(|e| format!("unusable as a proxy: {e}"))?;
-    let client = crate::notify::http_client()
+    let proxy =
+        crate::outbound::Proxy::all(candidate).map_err(|e| format!("unusable as a proxy: {e}"))?;
+    let client = crate::outbound::client()
         .proxy(proxy)
         .timeout(rules.timeout)
-        .redirect(reqwest::redirect::Policy::none())
         .build()
         .map_err(|e| format!("unusable as a proxy: {e}"))?;
     // A token chosen for this check, in the check URL: the answer must
     // carry it back, so a candidate that answers everything itself (and
     // would swallow webhooks) is not taken for one that forwards.
     let token = crate::secrets::random_token();
-    let mut check_url = reqwest::Url::parse(&rules.check_url)
+    let mut check_url = crate::outbound::Url::parse(&rules.check_url)
         .map_err(|e| format!("the pool's check URL is invalid: {e}"))?;
     check_url
         .query_pairs_mut()
@@ -222,7 +222,7 @@ pub async fn check(candidate: &str, rules: &Eligibility) -> CheckOutcome {
     let response = client.get(check_url).send().await.map_err(|e| {
         format!(
             "the check request through it failed: {}",
-            crate::notify::error_chain(&e.without_url())
+            crate::outbound::error_chain(&e.without_url())
         )
     })?;
     let latency = started.elapsed();
@@ -232,7 +232,7 @@ pub async fn check(candidate: &str, rules: &Eligibility) -> CheckOutcome {
             response.status()
         ));
     }
-    let body = crate::notify::read_limited(response, CHECK_BODY_BYTES)
+    let body = crate::outbound::read_limited(response, CHECK_BODY_BYTES)
         .await
         .map_err(|e| format!("reading the check answer through it failed: {e}"))?;
     if !String::from_utf8_lossy(&body).contains(&token) {
@@ -446,77 +446,6 @@ pub async fn recheck_due(
     Ok(checked)
 }
 
-/// The re-checker role: checks candidates as they fall due until
-/// `shutdown`; rides out PostgreSQL or Redis being away.
-pub async fn run(
-    database_url: &str,
-    redis_url: &str,
-    shutdown: impl std::future::Future<Output = ()>,
-) -> anyhow::Result<()> {
-    tokio::pin!(shutdown);
-    let mut pause = Duration::from_millis(200);
-    loop {
-        let connected = async {
-            let store = Store::connect(database_url)
-                .await
-                .map_err(ProxyPoolError::from)?;
-            let pools = ProxyPools::connect(redis_url).await?;
-            Ok::<_, ProxyPoolError>((store, pools))
-        };
-        let (store, pools) = tokio::select! {
-            _ = &mut shutdown => return Ok(()),
-            connected = connected => match connected {
-                Ok(both) => both,
-                Err(error) => {
-                    warn!(message = "Proxy re-checker cannot start; retrying.", %error);
-                    tokio::select! {
-                        _ = &mut shutdown => return Ok(()),
-                        _ = tokio::time::sleep(pause) => {}
-                    }
-                    pause = (pause * 2).min(Duration::from_secs(5));
-                    continue;
-                }
-            },
-        };
-        pause = Duration::from_millis(200);
-        loop {
-            let step = async {
-                let checked = recheck_due(&store, &pools, 64).await?;
-                if checked > 0 {
-                    return Ok::<_, ProxyPoolError>(Duration::ZERO);
-                }
-                let next = store.next_proxy_check_due().await?;
-                Ok(next
-                    .map(|due| (due - chrono::Utc::now()).to_std().unwrap_or_default())
-                    .unwrap_or(Duration::from_secs(1))
-                    .clamp(Duration::from_millis(20), Duration::from_secs(1)))
-            };
-            let wait = tokio::select! {
-                _ = &mut shutdown => return Ok(()),
-                wait = step => wait,
-            };
-            match wait {
-                Ok(wait) if wait.is_zero() => continue,
-                Ok(wait) => tokio::select! {
-                    _ = &mut shutdown => return Ok(()),
-                    _ = tokio::time::sleep(wait) => {}
-                },
-                Err(ProxyPoolError::Store(error)) => {
-                    warn!(message = "Proxy re-checker lost the database; reconnecting.", %error);
-                    break;
-                }
-                Err(error) => {
-                    warn!(message = "Proxy re-check failed; retrying.", %error);
-                    tokio::select! {
-                        _ = &mut shutdown => return Ok(()),
-                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                    }
-                }
-            }
-        }
-    }
-}
-
 /// The largest candidate list read from a URL.
 pub const MAX_LIST_BYTES: usize = 8 << 20;
 
@@ -531,7 +460,7 @@ pub enum ListFetchError {
     #[error("GET {url} answered {status}")]
     Status {
         url: String,
-        status: reqwest::StatusCode,
+        status: crate::outbound::StatusCode,
     },
     #[error("GET {url}: the list is over {} MiB", MAX_LIST_BYTES >> 20)]
     TooLarge { url: String },
@@ -543,11 +472,11 @@ pub enum ListFetchError {
 /// pool), refusing more than [`MAX_LIST_BYTES`].
 pub async fn fetch_list(url: &str) -> Result<String, ListFetchError> {
     let shown = || crate::secrets::redact_url(url);
-    let failed = |e: reqwest::Error| ListFetchError::Failed {
+    let failed = |e: crate::outbound::Error| ListFetchError::Failed {
         url: shown(),
-        reason: crate::notify::error_chain(&e.without_url()),
+        reason: crate::outbound::error_chain(&e.without_url()),
     };
-    let client = crate::notify::http_client()
+    let client = crate::outbound::client()
         .timeout(Duration::from_secs(30))
         .build()
         .map_err(|e| ListFetchError::Client(e.to_string()))?;

@@ -40,6 +40,7 @@
 //! re-checker puts eligible members back if Redis lost them.
 
 pub mod candidates;
+pub mod recheck;
 
 use std::time::Duration;
 

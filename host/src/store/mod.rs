@@ -10,6 +10,7 @@ mod counters;
 mod dead_letters;
 mod functions;
 mod history;
+mod isolating;
 mod json_text;
 mod migrations;
 mod notifications;

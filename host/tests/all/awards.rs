@@ -162,7 +162,7 @@ async fn a_photo_blocked_after_completion_revokes_a_live_award_and_not_a_sticky_
     let mut p = Pipeline::start(PHOTO_AWARDS, &["photos"]).await;
     let events = ["award.completed".to_string(), "award.revoked".to_string()];
     let webhook =
-        laurel::notify::checked_webhook("audit", "http://127.0.0.1:9/", &events, None).unwrap();
+        laurel::webhooks::checked_webhook("audit", "http://127.0.0.1:9/", &events, None).unwrap();
     p.db.store().await.set_webhook(&webhook).await.unwrap();
     let mut worker = p.awards_worker().await;
     p.send(&photo("p-1", "u-1", "photo-1", "active", 1)).await;

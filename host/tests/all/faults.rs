@@ -7,7 +7,8 @@
 use std::time::Duration;
 
 use laurel::catalog::Catalog;
-use laurel::ingest::{self, IngestSettings};
+use laurel::ingest::IngestSettings;
+use laurel::kafka;
 use laurel::library;
 use laurel::registry::Registry;
 
@@ -47,7 +48,7 @@ async fn postgres_restarted_and_backends_terminated_while_streaming_lose_nothing
         .await
         .unwrap();
     drop(store);
-    let broker = ingest::LocalBroker::start(None).await.unwrap();
+    let broker = kafka::LocalBroker::start(None).await.unwrap();
     for source in ["photos", "reviews", "bss"] {
         broker.create_topic(&format!("events.{source}"), 4).unwrap();
     }
@@ -62,21 +63,21 @@ async fn postgres_restarted_and_backends_terminated_while_streaming_lose_nothing
     let url = db.url.clone();
     let ingest_registry = Registry::start(&db.url, support::runtime()).await.unwrap();
     let task = tokio::spawn(async move {
-        ingest::run(settings, &url, ingest_registry, catalog, async {
+        laurel::cli::ingest_and_backfill(settings, &url, ingest_registry, catalog, async {
             let _ = stopped.await;
         })
         .await
     });
 
     let (events, expected) = processes::workload(EVENTS, 0x5eed_f00d);
-    let producer = ingest::producer(broker.bootstrap_servers()).unwrap();
+    let producer = kafka::producer(broker.bootstrap_servers()).unwrap();
     let database = db.name().to_string();
     let server = postgres.server_url();
     let mut rng = processes::Rng(0xfa17);
     let mut faults = Vec::new();
     for (n, chunk) in events.chunks(1_000).enumerate() {
         let sends = chunk.iter().map(|(topic, key, value)| {
-            ingest::publish(
+            kafka::publish(
                 &producer,
                 topic,
                 Some(key.as_bytes()),
@@ -153,7 +154,7 @@ async fn broker_killed_and_started_again_ingest_carries_on() {
     let url = db.url.clone();
     let ingest_registry = Registry::start(&db.url, support::runtime()).await.unwrap();
     let task = tokio::spawn(async move {
-        ingest::run(settings, &url, ingest_registry, catalog, async {
+        laurel::cli::ingest_and_backfill(settings, &url, ingest_registry, catalog, async {
             let _ = stopped.await;
         })
         .await
@@ -161,10 +162,10 @@ async fn broker_killed_and_started_again_ingest_carries_on() {
     let (events, expected) = processes::workload(EVENTS, 0xb20c);
     let (_, expected_first) = processes::workload(EVENTS / 2, 0xb20c);
     let publish = async |events: &[(String, String, String)]| {
-        let producer = ingest::producer(&brokers).unwrap();
+        let producer = kafka::producer(&brokers).unwrap();
         for chunk in events.chunks(1_000) {
             let sends = chunk.iter().map(|(topic, key, value)| {
-                ingest::publish(
+                kafka::publish(
                     &producer,
                     topic,
                     Some(key.as_bytes()),
@@ -195,7 +196,7 @@ async fn broker_killed_and_started_again_ingest_carries_on() {
     // beginning, once it fetches: one probe per source, each applied before
     // the rest is sent (a probe cannot be skipped: the log stays shorter
     // than the old positions until the consumer has started again).
-    let probe_producer = ingest::producer(&brokers).unwrap();
+    let probe_producer = kafka::producer(&brokers).unwrap();
     let sql = db.sql().await;
     for (i, (topic, award)) in [
         ("events.photos", "photographer"),
@@ -215,7 +216,7 @@ async fn broker_killed_and_started_again_ingest_carries_on() {
         } else {
             probe
         };
-        ingest::publish(
+        kafka::publish(
             &probe_producer,
             topic,
             Some(b"probe"),

@@ -74,8 +74,13 @@ async fn completion_with_webhook(url: &str) -> TestDb {
 async fn completion_with_webhook_via(url: &str, proxy_pool: Option<&str>) -> TestDb {
     let db = db_with_counter_award().await;
     let store = db.store().await;
-    let webhook =
-        notify::checked_webhook("hook", url, &["award.completed".to_string()], proxy_pool).unwrap();
+    let webhook = laurel::webhooks::checked_webhook(
+        "hook",
+        url,
+        &["award.completed".to_string()],
+        proxy_pool,
+    )
+    .unwrap();
     store.set_webhook(&webhook).await.unwrap();
     db.sql()
         .await
@@ -212,10 +217,10 @@ fn webhooks_are_checked_before_they_are_stored() {
             "at least one event type",
         ),
     ] {
-        let error = notify::checked_webhook(name, url, &kinds, None).unwrap_err();
+        let error = laurel::webhooks::checked_webhook(name, url, &kinds, None).unwrap_err();
         assert!(error.contains(problem), "{name} {url} {kinds:?}: {error}");
     }
-    let ok: Webhook = notify::checked_webhook(
+    let ok: Webhook = laurel::webhooks::checked_webhook(
         "hook",
         "https://example.com/x",
         &events(&["award.completed", "award.revoked"]),

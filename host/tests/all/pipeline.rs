@@ -308,7 +308,7 @@ async fn bad_messages_are_dead_lettered_with_reasons_and_every_good_one_is_appli
     }
     for chunk in sends.chunks(500) {
         let futures = chunk.iter().map(|(key, payload)| {
-            laurel::ingest::publish(
+            laurel::kafka::publish(
                 &p.producer,
                 "events.bss",
                 Some(key.as_bytes()),

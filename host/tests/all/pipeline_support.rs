@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use laurel::awards::{AwardsSettings, AwardsWorker};
 use laurel::catalog::Catalog;
-use laurel::ingest::{self, IngestSettings, LocalBroker};
+use laurel::ingest::IngestSettings;
+use laurel::kafka::{self, LocalBroker};
 use laurel::library;
 use laurel::registry::Registry;
 use laurel::store::Counters;
@@ -32,7 +33,7 @@ pub const MARKER_AWARD: &str = r#"{
 pub struct Pipeline {
     pub db: TestDb,
     pub broker: LocalBroker,
-    pub producer: ingest::Producer,
+    pub producer: kafka::Producer,
     pub registry: Arc<Registry>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<anyhow::Result<()>>>,
@@ -103,13 +104,13 @@ impl Pipeline {
                 .create_topic(&format!("events.{source}.dead"), 1)
                 .unwrap();
         }
-        let producer = ingest::producer(broker.bootstrap_servers()).unwrap();
+        let producer = kafka::producer(broker.bootstrap_servers()).unwrap();
         let catalog = Catalog::start(&db.url).await.unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
         let url = db.url.clone();
         let ingest_settings = adjust(settings(broker.bootstrap_servers()));
         let task = tokio::spawn(async move {
-            ingest::run(
+            laurel::cli::ingest_and_backfill(
                 ingest_settings,
                 &url,
                 own_registry(&url).await,
@@ -141,7 +142,7 @@ impl Pipeline {
     }
 
     pub async fn send_raw(&self, source: &str, key: Option<&[u8]>, payload: &[u8]) {
-        ingest::publish(
+        kafka::publish(
             &self.producer,
             &format!("events.{source}"),
             key,

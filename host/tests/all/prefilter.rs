@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use laurel::catalog::Catalog;
-use laurel::ingest;
+use laurel::kafka;
 use laurel::registry::Registry;
 use laurel::runtime::{Event, FilterInstance, FunctionKind};
 use rdkafka::consumer::{Consumer, StreamConsumer};
@@ -167,7 +167,7 @@ async fn raw_records_become_exactly_the_events_some_award_needs() {
     }
     for chunk in sends.chunks(5000) {
         let futures = chunk.iter().map(|(topic, key, value)| {
-            ingest::publish(
+            kafka::publish(
                 &p.producer,
                 topic,
                 Some(key.as_bytes()),
@@ -275,9 +275,15 @@ impl Prefilter {
         let url = url.to_string();
         let settings = settings(brokers);
         let task = tokio::spawn(async move {
-            ingest::prefilter::run(settings, &url, registry, catalog, async {
-                let _ = stopped.await;
-            })
+            laurel::prefilter::run(
+                laurel::cli::settings::prefilter_settings(&settings),
+                &url,
+                registry,
+                catalog,
+                async {
+                    let _ = stopped.await;
+                },
+            )
             .await
         });
         Prefilter { stop, task }
@@ -291,7 +297,7 @@ impl Prefilter {
 
 async fn send(p: &Pipeline, topic: &str, values: &[&str]) {
     for value in values {
-        ingest::publish(&p.producer, topic, Some(b"k"), value.as_bytes(), &[])
+        kafka::publish(&p.producer, topic, Some(b"k"), value.as_bytes(), &[])
             .await
             .unwrap();
     }
@@ -697,7 +703,7 @@ async fn killed_with_sigkill_at_random_moments_every_trip_counts_once() {
     // The broker in its own process: it outlives every kill.
     let broker = crate::processes::Broker::start_on(None);
     let brokers = broker.bootstrap().to_string();
-    let producer = ingest::producer(&brokers).unwrap();
+    let producer = kafka::producer(&brokers).unwrap();
     let mut expected: BTreeMap<String, i64> = BTreeMap::new();
     let records: Vec<String> = (0..30_000)
         .map(|n| {
@@ -712,7 +718,7 @@ async fn killed_with_sigkill_at_random_moments_every_trip_counts_once() {
     for chunk in records.chunks(1000) {
         let sends = chunk
             .iter()
-            .map(|value| ingest::publish(&producer, "raw.json", Some(b"k"), value.as_bytes(), &[]));
+            .map(|value| kafka::publish(&producer, "raw.json", Some(b"k"), value.as_bytes(), &[]));
         for result in futures_util::future::join_all(sends).await {
             result.unwrap();
         }
@@ -792,7 +798,7 @@ async fn filters_declare_event_types_and_other_types_are_dropped_first() {
     let p = Pipeline::start(AWARDS, &["bss"]).await;
     let awards = || Catalog::start(&p.db.url);
     let catalog = awards().await.unwrap();
-    let plan = ingest::Plan::build("bss", &catalog.awards(), &p.registry);
+    let plan = laurel::objectives::Plan::build("bss", &catalog.awards(), &p.registry);
     assert_eq!(
         plan.event_types(),
         Some(BTreeSet::from([
@@ -857,7 +863,7 @@ async fn filters_declare_event_types_and_other_types_are_dropped_first() {
         .unwrap();
     p.registry.sync_now(&store).await.unwrap();
     let catalog = awards().await.unwrap();
-    let plan = ingest::Plan::build("bss", &catalog.awards(), &p.registry);
+    let plan = laurel::objectives::Plan::build("bss", &catalog.awards(), &p.registry);
     assert_eq!(plan.event_types(), None);
     prefilter.stop().await;
     p.stop().await;
@@ -986,7 +992,7 @@ async fn a_replay_mark_without_a_valid_signature_is_ignored() {
         ),
     ];
     for (value, headers) in forged {
-        ingest::publish(&p.producer, "raw.kv", Some(b"k"), value.as_bytes(), headers)
+        kafka::publish(&p.producer, "raw.kv", Some(b"k"), value.as_bytes(), headers)
             .await
             .unwrap();
     }
@@ -1058,7 +1064,7 @@ async fn a_slow_broker_under_the_prefilter_loses_and_doubles_nothing() {
                 let value = trip(n);
                 let producer = p.producer.clone();
                 async move {
-                    ingest::publish(&producer, "raw.kv", Some(b"k"), value.as_bytes(), &[]).await
+                    kafka::publish(&producer, "raw.kv", Some(b"k"), value.as_bytes(), &[]).await
                 }
             })
             .collect();
@@ -1347,12 +1353,12 @@ async fn postgres_restarted_under_the_prefilter_loses_nothing_and_changes_are_fo
     let postgres = OwnedPostgres::start();
     let db = support::TestDb::on(&postgres.server_url()).await;
     let registry = kv_pipeline_on(&db).await;
-    let broker = ingest::LocalBroker::start(None).await.unwrap();
+    let broker = kafka::LocalBroker::start(None).await.unwrap();
     broker.create_topic("raw.kv", 2).unwrap();
     broker.create_topic("events.bss", 1).unwrap();
     let prefilter = Prefilter::start_on(&db.url, broker.bootstrap_servers()).await;
 
-    let producer = ingest::producer(broker.bootstrap_servers()).unwrap();
+    let producer = kafka::producer(broker.bootstrap_servers()).unwrap();
     let mut trips = 0;
     let mut faults = Vec::new();
     let mut rng = crate::processes::Rng(0x9f17);
@@ -1365,7 +1371,7 @@ async fn postgres_restarted_under_the_prefilter_loses_nothing_and_changes_are_fo
                 "navi.route_built"
             };
             let value = format!("ts=1764583200 uid=u-{n} event={event} dist={round}");
-            ingest::publish(&producer, "raw.kv", Some(b"k"), value.as_bytes(), &[])
+            kafka::publish(&producer, "raw.kv", Some(b"k"), value.as_bytes(), &[])
                 .await
                 .unwrap();
         }
@@ -1423,7 +1429,7 @@ async fn postgres_restarted_under_the_prefilter_loses_nothing_and_changes_are_fo
     let mut widened = false;
     for attempt in 0..60 {
         let value = format!("ts=1764583300 uid=u-after event=navi.route_built dist={attempt}");
-        ingest::publish(&producer, "raw.kv", Some(b"k"), value.as_bytes(), &[])
+        kafka::publish(&producer, "raw.kv", Some(b"k"), value.as_bytes(), &[])
             .await
             .unwrap();
         let all = drain(
@@ -1481,10 +1487,10 @@ async fn broker_killed_and_started_again_the_prefilter_carries_on() {
         }
     };
     let publish = async |values: Vec<String>| {
-        let producer = ingest::producer(&brokers).unwrap();
+        let producer = kafka::producer(&brokers).unwrap();
         let sends = values
             .iter()
-            .map(|value| ingest::publish(&producer, "raw.kv", Some(b"k"), value.as_bytes(), &[]));
+            .map(|value| kafka::publish(&producer, "raw.kv", Some(b"k"), value.as_bytes(), &[]));
         for result in futures_util::future::join_all(sends).await {
             result.unwrap();
         }

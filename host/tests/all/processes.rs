@@ -8,7 +8,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use laurel::ingest;
+use laurel::kafka;
 use laurel::library;
 use laurel::registry::Registry;
 use serde_json::{Value, json};
@@ -411,10 +411,10 @@ async fn two_processes_share_a_group_and_one_stops_midway() {
 
 /// Publishes `(topic, key, value)` in order, a thousand at a time.
 async fn publish_all(brokers: &str, events: &[(String, String, String)]) {
-    let producer = ingest::producer(brokers).unwrap();
+    let producer = kafka::producer(brokers).unwrap();
     for chunk in events.chunks(1000) {
         let sends = chunk.iter().map(|(topic, key, value)| {
-            ingest::publish(
+            kafka::publish(
                 &producer,
                 topic,
                 Some(key.as_bytes()),

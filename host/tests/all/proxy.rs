@@ -215,6 +215,42 @@ async fn two_laurel_processes_share_a_pool_exactly() {
     pools.delete_pool(&pool).await.unwrap();
 }
 
+/// Makes sure tinyproxy is on the machine: the tests install Debian's
+/// package themselves when it is missing (and say so), so the README's
+/// test command needs no step by hand.
+fn installed() {
+    static INSTALLED: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    INSTALLED.get_or_init(|| {
+        let present = || {
+            std::process::Command::new("tinyproxy")
+                .arg("-v")
+                .output()
+                .is_ok_and(|o| o.status.success())
+        };
+        if present() {
+            return;
+        }
+        eprintln!(
+            "tinyproxy is missing: installing Debian's package (apt-get install -y tinyproxy)"
+        );
+        let apt = |args: &[&str]| {
+            std::process::Command::new("apt-get")
+                .args(args)
+                .stdout(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        if !apt(&["install", "-y", "tinyproxy"]) {
+            apt(&["update"]);
+            apt(&["install", "-y", "tinyproxy"]);
+        }
+        assert!(
+            present(),
+            "tinyproxy is missing and could not be installed: run `apt-get install -y tinyproxy`"
+        );
+    });
+}
+
 /// A real forward proxy (Debian's tinyproxy) on a loopback port of its own.
 pub struct Tinyproxy {
     child: std::process::Child,
@@ -248,6 +284,7 @@ impl Tinyproxy {
 
     /// On a given port (e.g. again where one was stopped).
     pub fn start_on(name: &str, port: u16) -> Tinyproxy {
+        installed();
         let config = std::env::temp_dir().join(format!("laurel-{name}-{port}.conf"));
         std::fs::write(
             &config,
@@ -466,7 +503,7 @@ impl Rechecker {
     pub fn start(database_url: &str, redis_url: &str) -> Rechecker {
         let (database_url, redis_url) = (database_url.to_string(), redis_url.to_string());
         Rechecker(tokio::spawn(async move {
-            candidates::run(&database_url, &redis_url, std::future::pending()).await
+            laurel::proxy::recheck::run(&database_url, &redis_url, std::future::pending()).await
         }))
     }
 }

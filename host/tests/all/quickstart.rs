@@ -91,14 +91,14 @@ async fn laurel_up_demo_prints_what_the_readme_shows_and_keeps_running() {
     assert_eq!(health.status(), 200);
 
     // A producer at the printed address: a malformed event, then a good one.
-    let producer = laurel::ingest::producer(&broker).unwrap();
-    laurel::ingest::publish(&producer, "events.photos", Some(b"u-42"), b"{not json", &[])
+    let producer = laurel::kafka::producer(&broker).unwrap();
+    laurel::kafka::publish(&producer, "events.photos", Some(b"u-42"), b"{not json", &[])
         .await
         .unwrap();
     let good = serde_json::json!({"id": "qs-1", "source": "photos", "type": "photo.status_changed",
         "user_id": "u-42", "authorized": true, "content_id": "photo-qs", "status": "active",
         "occurred_at": "2026-12-02T10:00:00Z", "payload": {}});
-    laurel::ingest::publish(
+    laurel::kafka::publish(
         &producer,
         "events.photos",
         Some(b"u-42"),
@@ -138,6 +138,75 @@ async fn laurel_up_demo_prints_what_the_readme_shows_and_keeps_running() {
         listed.contains("malformed event: key must be a string at line 1 column 2"),
         "{listed}"
     );
+    // A source whose topic nothing has produced to yet: its consumer
+    // waits, says so once (info, not an error per poll), and the admin
+    // API shows it waiting; the first event creates the topic and counts.
+    let admin = printed
+        .iter()
+        .filter(|l| l.contains("/admin/v1/"))
+        .find_map(|l| l.strip_prefix("  curl -H 'Authorization: Bearer "))
+        .and_then(|l| l.split('\'').next())
+        .expect("the demo's admin token is printed")
+        .to_string();
+    let added = laurel(&db)
+        .args(["sources", "add", "clicks"])
+        .output()
+        .unwrap();
+    assert!(added.status.success(), "{added:?}");
+    let client = reqwest::Client::new();
+    let source_state = |name: &'static str| {
+        let (client, api, admin) = (client.clone(), api.clone(), admin.clone());
+        async move {
+            let body = client
+                .get(format!("{api}/admin/v1/sources"))
+                .bearer_auth(&admin)
+                .send()
+                .await
+                .unwrap()
+                .bytes()
+                .await
+                .unwrap();
+            let listed: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            listed["sources"]
+                .as_array()
+                .unwrap_or_else(|| panic!("GET /admin/v1/sources answered {listed}"))
+                .iter()
+                .find(|s| s["name"] == name)
+                .map(|s| s["state"].as_str().unwrap().to_string())
+        }
+    };
+    let wait = tokio::time::Instant::now() + Duration::from_secs(60);
+    while source_state("clicks").await.as_deref() != Some("waiting") {
+        assert!(
+            tokio::time::Instant::now() < wait,
+            "source clicks is not shown waiting for its topic: {:?}",
+            source_state("clicks").await
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert_eq!(source_state("photos").await.as_deref(), Some("running"));
+    // Long enough for several polls and metadata refreshes of its consumer.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let click = serde_json::json!({"id": "qs-click-1", "source": "clicks", "type": "click",
+        "user_id": "u-42", "authorized": true, "occurred_at": "2026-12-02T10:00:00Z", "payload": {}});
+    laurel::kafka::publish(
+        &producer,
+        "events.clicks",
+        Some(b"u-42"),
+        click.to_string().as_bytes(),
+        &[],
+    )
+    .await
+    .unwrap();
+    let wait = tokio::time::Instant::now() + Duration::from_secs(60);
+    while source_state("clicks").await.as_deref() != Some("running") {
+        assert!(
+            tokio::time::Instant::now() < wait,
+            "source clicks still waits after its topic was made"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+
     let replay = laurel(&db)
         .args(["dead-letters", "replay", "photos"])
         .output()
@@ -231,6 +300,15 @@ async fn laurel_up_demo_prints_what_the_readme_shows_and_keeps_running() {
     let log = log.join().unwrap();
     let errors: Vec<&String> = log.iter().filter(|l| l.contains(" ERROR ")).collect();
     assert!(errors.is_empty(), "errors logged:\n{}", log.join("\n"));
+    let missing: Vec<&String> = log
+        .iter()
+        .filter(|l| l.contains("events.clicks") && l.contains("WARN"))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "a missing topic warned:\n{}",
+        log.join("\n")
+    );
     db.drop_database().await;
 }
 

@@ -427,7 +427,7 @@ async fn a_quarantined_rule_holds_its_own_events_and_replay_brings_them_once() {
     let registry = laurel::registry::Registry::start(&p.db.url, crate::support::runtime())
         .await
         .unwrap();
-    let report = laurel::ingest::replay(
+    let report = laurel::replay::replay(
         &mut store,
         &registry,
         &catalog,
@@ -457,7 +457,7 @@ async fn a_quarantined_rule_holds_its_own_events_and_replay_brings_them_once() {
     );
     assert!(p.dead_letters().await.is_empty());
     // A second replay finds nothing to do.
-    let again = laurel::ingest::replay(
+    let again = laurel::replay::replay(
         &mut store,
         &registry,
         &catalog,
@@ -561,7 +561,7 @@ async fn an_objective_that_cannot_be_bound_holds_its_events_until_the_fix_is_rep
         assert!(wait.elapsed() < std::time::Duration::from_secs(30));
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
-    let report = laurel::ingest::replay(
+    let report = laurel::replay::replay(
         &mut store,
         &registry,
         &catalog,
@@ -633,9 +633,7 @@ async fn a_batch_postgres_refuses_for_one_event_applies_the_rest_and_keeps_that_
         messages: &messages,
         ..Batch::of_outcomes("bss", &outcomes)
     };
-    let (applied, refused) = laurel::ingest::apply_isolating(&mut store, &batch)
-        .await
-        .unwrap();
+    let (applied, refused) = store.apply_isolating(&batch).await.unwrap();
     assert_eq!(refused.len(), 1, "{refused:?}");
     assert_eq!(refused[0].index, 37);
     assert!(
@@ -663,9 +661,7 @@ async fn a_batch_postgres_refuses_for_one_event_applies_the_rest_and_keeps_that_
     assert_eq!(row.get::<_, i64>(1), 37);
     assert_eq!(row.get::<_, Vec<u8>>(2), values[37]);
     // Applying the same batch again changes nothing (every id is applied).
-    let (again, _) = laurel::ingest::apply_isolating(&mut store, &batch)
-        .await
-        .unwrap();
+    let (again, _) = store.apply_isolating(&batch).await.unwrap();
     assert_eq!(again.objectives, 0);
     db.drop_database().await;
 }
@@ -1002,7 +998,7 @@ async fn a_replayed_event_never_overtakes_a_later_one_at_the_same_time() {
     let registry = laurel::registry::Registry::start(&p.db.url, crate::support::runtime())
         .await
         .unwrap();
-    let report = laurel::ingest::replay(
+    let report = laurel::replay::replay(
         &mut store,
         &registry,
         &catalog,

@@ -146,7 +146,7 @@ pub(super) async fn backfill(
     if !store.awards().await?.iter().any(|r| r.id == id) {
         return Err(ApiError::NotFound(format!("no award named {id}")));
     }
-    let started = crate::backfill::request(&store, &state.registry, &id)
+    let started = crate::definitions::request_backfill(&store, &state.registry, &id)
         .await
         .map_err(|error| ApiError::unprocessable(format!("award {id}: {error:#}")))?;
     let audit = AuditTarget {

@@ -207,13 +207,7 @@ async fn set_paused(
 pub(super) async fn replay(
     State(state): State<Arc<AppState>>,
     Path(name): Path<String>,
-) -> Result<
-    (
-        Extension<AuditTarget>,
-        Json<crate::ingest::prefilter::RawReplay>,
-    ),
-    ApiError,
-> {
+) -> Result<(Extension<AuditTarget>, Json<crate::replay::raw::RawReplay>), ApiError> {
     let Some(brokers) = state.settings.kafka_brokers.clone() else {
         return Err(ApiError::Unavailable(
             "this process has no Kafka brokers (LAUREL_KAFKA_BROKERS) to replay from".into(),
@@ -222,11 +216,11 @@ pub(super) async fn replay(
     let pipeline = stored(&state, &name)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("no pipeline named {name}")))?;
-    let key = crate::ingest::prefilter::ReplayKey::load(&*state.store().await?)
+    let key = crate::replay::raw::ReplayKey::load(&*state.store().await?)
         .await
         .map_err(|error| ApiError::Unavailable(format!("{error:#}")))?;
     let report =
-        crate::ingest::prefilter::replay(&brokers, &state.settings.group_prefix, &pipeline, &key)
+        crate::replay::raw::replay(&brokers, &state.settings.group_prefix, &pipeline, &key)
             .await
             .map_err(|error| ApiError::Unavailable(format!("{error:#}")))?;
     let audit = AuditTarget {

@@ -21,7 +21,13 @@ pub(super) async fn list(State(state): State<Arc<AppState>>) -> Result<Json<Sour
         .map(|source| {
             let lag = state.lag(&source.name);
             SourceLine {
-                state: if source.paused { "paused" } else { "running" },
+                state: if source.paused {
+                    "paused"
+                } else if state.waiting_for_topic(&source.name) {
+                    "waiting"
+                } else {
+                    "running"
+                },
                 paused: source.paused,
                 name: source.name,
                 topic: source.topic,
@@ -44,6 +50,8 @@ pub(super) struct SourceLine {
     name: String,
     topic: String,
     paused: bool,
+    /// `running`, `paused`, or `waiting`: its topic does not exist yet
+    /// (nothing was produced to it), and its consumers wait for it.
     state: &'static str,
     /// Messages the consumer group has not yet consumed (`null`: unknown).
     lag: Option<i64>,
@@ -212,7 +220,7 @@ pub(super) async fn replay(
         since: request.since,
         reason: request.reason,
     };
-    let report = crate::ingest::replay(
+    let report = crate::replay::replay(
         &mut store,
         &state.registry,
         &state.catalog,

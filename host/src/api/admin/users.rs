@@ -11,7 +11,7 @@ use serde_json::Value;
 use super::{next_before, page, time};
 use crate::api::progress::{Audience, UserAwards, user_awards};
 use crate::api::{ApiError, AppState};
-use crate::ingest::Verdict;
+use crate::objectives::Verdict;
 use crate::store::LogRecord;
 
 pub(super) async fn awards(

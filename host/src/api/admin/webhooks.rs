@@ -88,7 +88,7 @@ pub(super) async fn put(
         .events
         .unwrap_or_else(|| vec!["award.completed".to_string()]);
     let webhook =
-        crate::notify::checked_webhook(&name, &hook.url, &events, hook.proxy_pool.as_deref())
+        crate::webhooks::checked_webhook(&name, &hook.url, &events, hook.proxy_pool.as_deref())
             .map_err(|reason| ApiError::unprocessable(format!("webhook {name}: {reason}")))?;
     state.store().await?.set_webhook(&webhook).await?;
     Ok(Json(WebhookLine::of(

@@ -59,7 +59,7 @@ pub struct HttpLimits {
     pub memory_bytes: usize,
     /// Largest request body passed in, and response body passed out (the
     /// API's body limit).
-    #[arg(skip = crate::api::ApiSettings::default().max_body_bytes)]
+    #[arg(skip = crate::settings::MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
 }
 

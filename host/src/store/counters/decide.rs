@@ -394,7 +394,7 @@ pub(super) fn storable(text: &str, max: usize) -> Cow<'_, str> {
     if text.len() <= max && !text.chars().any(char::is_control) {
         Cow::Borrowed(text)
     } else {
-        Cow::Owned(crate::event::printable(text, max))
+        Cow::Owned(crate::text::printable(text, max))
     }
 }
 

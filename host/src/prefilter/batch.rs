@@ -4,11 +4,9 @@
 //! another pipeline's replayed dead letter) are kept whole with what
 //! becomes of them.
 
-use rdkafka::Message;
-use rdkafka::message::{Headers, OwnedMessage};
-
-use super::{ORIGIN_HEADER, REPLAY_FOR_HEADER, ReplayKey, SIGNATURE_HEADER, origin_in};
-use crate::ingest::{ReadBatch, Record};
+use super::origin_in;
+use crate::kafka::{OwnedRecord, ReadBatch, Record};
+use crate::replay::raw::{ORIGIN_HEADER, REPLAY_FOR_HEADER, ReplayKey, SIGNATURE_HEADER};
 use crate::runtime::{PackedRecords, RawRecord};
 
 /// What became of a message the transform does not read.
@@ -37,7 +35,7 @@ pub(super) struct RawBatch {
 
 /// A message the transform does not read.
 struct Whole {
-    message: OwnedMessage,
+    message: OwnedRecord,
     /// What became of it.
     settled: Settled,
     /// Where it first was.
@@ -145,12 +143,8 @@ impl RawBatch {
                     value: message.payload().filter(|v| v.len() <= self.max_bytes),
                     headers: message
                         .headers()
-                        .map(|h| {
-                            h.iter()
-                                .map(|header| (header.key, header.value.unwrap_or_default()))
-                                .collect()
-                        })
-                        .unwrap_or_default(),
+                        .map(|(name, value)| (name, value.unwrap_or_default()))
+                        .collect(),
                     origin: self.whole[n].origin,
                     at,
                 }
@@ -235,7 +229,7 @@ impl ReadBatch for RawBatch {
                     offset,
                     value,
                     key: record.key(),
-                    timestamp_ms: record.timestamp().to_millis(),
+                    timestamp_ms: record.timestamp_ms(),
                     headers,
                 };
                 if self.packed.push(&raw) {

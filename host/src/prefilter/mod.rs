@@ -31,49 +31,42 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use rdkafka::TopicPartitionList;
-use rdkafka::consumer::{CommitMode, Consumer};
-use rdkafka::message::BorrowedMessage;
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
 mod batch;
-mod replay;
 
 use batch::{Letter, RawBatch, Settled};
 
-pub use replay::{
-    ORIGIN_HEADER, REPLAY_FOR_HEADER, RawReplay, ReplayKey, SIGNATURE_HEADER, replay, replay_group,
-};
-
-use super::kafka::{self, DeadLetters};
-use super::{
-    FIRST_WAIT, GroupConsumer, IngestSettings, NextBatch, Plan, Producer, ReadBatch, Record,
-    Verdict, first_offsets, follow_pause, group_consumer, next_batch, next_offsets, rewind,
-};
 use crate::catalog::Catalog;
 use crate::event::Envelope;
+use crate::kafka::{
+    self, ConsumerSettings, DeadLetters, FIRST_WAIT, GroupReader, NextBatch, Offsets, Producer,
+    ReadBatch, first_offsets,
+};
 use crate::metrics;
+use crate::objectives::{Plan, Verdict};
 use crate::registry::{Binding, Registry};
+use crate::replay::raw::ReplayKey;
 use crate::runtime::{Answer, FunctionError, PackedRecords, TransformInstance, Transformed};
 use crate::store::{self, PipelineRow, Store};
+use crate::supervise::{self, Supervised};
 
-/// A pipeline's consumer group: `<prefix>.prefilter.<pipeline>`.
-pub fn group(prefix: &str, pipeline: &str) -> String {
-    format!("{prefix}.prefilter.{pipeline}")
-}
-
-/// Where a pipeline's malformed records go.
-pub fn dead_topic(input_topic: &str) -> String {
-    format!("{input_topic}.dead")
+/// What the pre-filter takes from its process's settings.
+#[derive(Debug, Clone)]
+pub struct PrefilterSettings {
+    pub consumer: ConsumerSettings,
+    /// Pipelines' consumer groups are `<prefix>.prefilter.<pipeline>`.
+    pub group_prefix: String,
+    /// Larger records are dead-lettered, not transformed, in bytes.
+    pub max_event_bytes: usize,
 }
 
 struct Shared {
-    settings: IngestSettings,
+    settings: PrefilterSettings,
     registry: Arc<Registry>,
     catalog: Arc<Catalog>,
     dead_letters: DeadLetters,
@@ -81,148 +74,102 @@ struct Shared {
     replay_key: ReplayKey,
 }
 
-struct Running {
-    version: i32,
-    paused: Arc<AtomicBool>,
-    stop: watch::Sender<bool>,
-    task: JoinHandle<()>,
-}
-
 /// Runs a consumer for every pipeline until `shutdown`; starts, restarts
 /// (a new version) and stops them as pipelines change (seen within a
 /// second), and follows pause/resume.
 pub async fn run(
-    settings: IngestSettings,
+    settings: PrefilterSettings,
     database_url: &str,
     registry: Arc<Registry>,
     catalog: Arc<Catalog>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let mut notifications = store::listen(
+    let notifications = store::listen(
         database_url,
         &[store::PIPELINES_CHANNEL, store::SOURCES_CHANNEL],
     )
     .await?;
-    let mut store = Store::connect(database_url).await?;
+    let store = Store::connect(database_url).await?;
+    let brokers = &settings.consumer.brokers;
     let shared = Arc::new(Shared {
         replay_key: ReplayKey::load(&store).await?,
-        dead_letters: DeadLetters::new(&settings.brokers, settings.max_event_bytes)?,
+        dead_letters: DeadLetters::new(brokers, settings.max_event_bytes)?,
         // Each batch waits for its kept events' acknowledgements.
-        producer: kafka::producer_lingering(&settings.brokers, 0)?,
+        producer: kafka::producer_lingering(brokers, 0)?,
         settings,
         registry,
         catalog,
     });
-    let mut running: HashMap<String, Running> = HashMap::new();
-    let mut shutdown = std::pin::pin!(shutdown);
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    let mut failing = false;
-    loop {
-        let read = match store.heal().await {
-            Ok(_) => match store.pipelines().await {
-                Ok(pipelines) => store.sources().await.map(|sources| (pipelines, sources)),
-                Err(error) => Err(error),
-            },
-            Err(error) => Err(error),
-        };
-        match read {
-            Ok((pipelines, sources)) => {
-                if std::mem::take(&mut failing) {
-                    info!(message = "Reading pipelines again.");
-                }
-                let topics: HashMap<String, String> =
-                    sources.into_iter().map(|s| (s.name, s.topic)).collect();
-                // Gone or changed: stop.
-                let stale: Vec<String> = running
-                    .iter()
-                    .filter(|(name, r)| {
-                        !pipelines
-                            .iter()
-                            .any(|p| &p.name == *name && p.version == r.version)
-                    })
-                    .map(|(name, _)| name.clone())
-                    .collect();
-                for name in stale {
-                    if let Some(old) = running.remove(&name) {
-                        let _ = old.stop.send(true);
-                        let _ = old.task.await;
-                        info!(message = "Pipeline consumer stopped.", pipeline = %name);
-                    }
-                }
-                for pipeline in pipelines {
-                    if let Some(r) = running.get(&pipeline.name) {
-                        r.paused.store(pipeline.paused, Ordering::Release);
-                        continue;
-                    }
-                    let Some(out_topic) = topics.get(&pipeline.source).cloned() else {
-                        continue;
-                    };
-                    let paused = Arc::new(AtomicBool::new(pipeline.paused));
-                    let (stop, stop_rx) = watch::channel(false);
-                    info!(message = "Running a pipeline.", pipeline = %pipeline.name, input = %pipeline.input_topic, output = %out_topic, transform = %pipeline.transform, version = pipeline.version);
-                    let task = tokio::spawn(consume_pipeline(
-                        pipeline.clone(),
-                        out_topic,
-                        shared.clone(),
-                        paused.clone(),
-                        stop_rx,
-                    ));
-                    running.insert(
-                        pipeline.name,
-                        Running {
-                            version: pipeline.version,
-                            paused,
-                            stop,
-                            task,
-                        },
-                    );
-                }
-            }
-            Err(error) if !failing => {
-                failing = true;
-                warn!(message = "Failed to read pipelines; retrying every second.", %error);
-            }
-            Err(_) => {}
-        }
-        tokio::select! {
-            _ = &mut shutdown => break,
-            _ = notifications.recv() => {}
-            _ = tick.tick() => {}
-        }
-    }
-    info!(message = "Stopping the pre-filter: finishing the batches in hand.");
-    for (name, r) in running {
-        let _ = r.stop.send(true);
-        if let Err(error) = r.task.await {
-            error!(message = "A pipeline consumer ended abnormally.", pipeline = %name, %error);
-        }
-    }
+    let names = supervise::Names {
+        rows: "pipelines",
+        task: "pipeline consumer",
+    };
+    let start = |(pipeline, out_topic): (PipelineRow, String), supervised: Supervised| {
+        info!(message = "Running a pipeline.", pipeline = %pipeline.name, input = %pipeline.input_topic, output = %out_topic, transform = %pipeline.transform, version = pipeline.version);
+        tokio::spawn(consume_pipeline(
+            pipeline,
+            out_topic,
+            shared.clone(),
+            supervised,
+        ))
+    };
+    supervise::run(names, notifications, store, read_pipelines, start, shutdown).await;
+    info!(message = "The pre-filter stopped: the batches in hand are finished.");
     Ok(())
+}
+
+/// The pipelines as the supervisor runs them: a consumer per pipeline
+/// whose source is registered (its output topic), restarted when its
+/// version or output topic changes.
+async fn read_pipelines(
+    mut store: Store,
+) -> (
+    Store,
+    Result<Vec<supervise::Wanted<(PipelineRow, String)>>, store::StoreError>,
+) {
+    let read = async {
+        store.heal().await?;
+        let pipelines = store.pipelines().await?;
+        let sources = store.sources().await?;
+        Ok::<_, store::StoreError>((pipelines, sources))
+    };
+    let wanted = read.await.map(|(pipelines, sources)| {
+        let topics: HashMap<String, String> =
+            sources.into_iter().map(|s| (s.name, s.topic)).collect();
+        pipelines
+            .into_iter()
+            .filter_map(|pipeline| {
+                let out_topic = topics.get(&pipeline.source)?.clone();
+                Some(supervise::Wanted {
+                    name: pipeline.name.clone(),
+                    version: format!("{} {out_topic}", pipeline.version),
+                    paused: pipeline.paused,
+                    row: (pipeline, out_topic),
+                })
+            })
+            .collect()
+    });
+    (store, wanted)
 }
 
 async fn consume_pipeline(
     pipeline: PipelineRow,
     out_topic: String,
     shared: Arc<Shared>,
-    paused: Arc<AtomicBool>,
-    mut stop: watch::Receiver<bool>,
+    supervised: Supervised,
 ) {
-    let mut backoff = Duration::from_millis(200);
-    loop {
-        match PipelineConsumer::new(&pipeline, &out_topic, &shared, paused.clone()) {
-            Ok(mut consumer) => {
-                consumer.run(stop).await;
-                return;
-            }
-            Err(error) => {
-                error!(message = "Failed to start a pipeline consumer; retrying.", pipeline = %pipeline.name, error = %format!("{error:#}"));
-            }
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(backoff) => {}
-            _ = stop.changed() => return,
-        }
-        backoff = (backoff * 2).min(Duration::from_secs(10));
+    let Supervised { paused, mut stop } = supervised;
+    let started = supervise::retrying("pipeline consumer", &pipeline.name, &mut stop, || {
+        std::future::ready(PipelineConsumer::new(
+            &pipeline,
+            &out_topic,
+            &shared,
+            paused.clone(),
+        ))
+    })
+    .await;
+    if let Some(mut consumer) = started {
+        consumer.run(stop).await;
     }
 }
 
@@ -248,7 +195,7 @@ struct Sent {
     /// the events are not acknowledged.
     first: Vec<(i32, i64)>,
     /// What to commit: the next offset on each partition.
-    offsets: TopicPartitionList,
+    offsets: Offsets,
     log: BatchLog,
 }
 
@@ -283,9 +230,7 @@ struct PipelineConsumer {
     pipeline: PipelineRow,
     out_topic: String,
     shared: Arc<Shared>,
-    consumer: GroupConsumer,
-    paused: Arc<AtomicBool>,
-    is_paused: bool,
+    reader: GroupReader,
     transform: Option<Binding<TransformInstance>>,
     plan: Option<Plan>,
     plan_generation: (u64, u64),
@@ -299,27 +244,18 @@ impl PipelineConsumer {
         paused: Arc<AtomicBool>,
     ) -> anyhow::Result<PipelineConsumer> {
         let settings = &shared.settings;
-        let consumer = group_consumer(
-            settings,
-            &group(&settings.group_prefix, &pipeline.name),
-            paused.clone(),
-        )
-        .map_err(|e| {
-            anyhow::anyhow!(
-                "failed to create the consumer for pipeline {}: {e}",
-                pipeline.name
-            )
-        })?;
-        consumer
-            .subscribe(&[&pipeline.input_topic])
-            .map_err(|e| anyhow::anyhow!("failed to subscribe to {}: {e}", pipeline.input_topic))?;
+        let reader = GroupReader::subscribe(
+            &settings.consumer,
+            &kafka::pipeline_group(&settings.group_prefix, &pipeline.name),
+            &pipeline.input_topic,
+            paused,
+            format!("pipeline {}", pipeline.name),
+        )?;
         Ok(PipelineConsumer {
             pipeline: pipeline.clone(),
             out_topic: out_topic.to_string(),
             shared: shared.clone(),
-            consumer,
-            paused,
-            is_paused: false,
+            reader,
             transform: None,
             plan: None,
             plan_generation: (u64::MAX, u64::MAX),
@@ -328,8 +264,6 @@ impl PipelineConsumer {
 
     async fn run(&mut self, mut stop: watch::Receiver<bool>) {
         let settings = self.shared.settings.clone();
-        let mut last_error: Option<String> = None;
-        let what = format!("pipeline {}", self.pipeline.name);
         let mut batch = RawBatch::new(
             &self.pipeline.name,
             &self.pipeline.input_topic,
@@ -341,7 +275,6 @@ impl PipelineConsumer {
             if *stop.borrow() {
                 break;
             }
-            self.follow_pause();
             let waited = std::time::Instant::now();
             // The batch before this one is acknowledged while this one is
             // read, and committed once it is: at once when nothing more
@@ -351,16 +284,10 @@ impl PipelineConsumer {
             } else {
                 FIRST_WAIT
             };
-            let read = next_batch(
-                &self.consumer,
-                &settings,
-                first_wait,
-                &mut stop,
-                &mut last_error,
-                &what,
-                &mut batch,
-            )
-            .await;
+            let read = self
+                .reader
+                .next_batch(first_wait, &mut stop, &mut batch)
+                .await;
             if let Some(sent) = in_flight.take()
                 && let Err(unsettled) = self.settle(sent).await
             {
@@ -413,15 +340,9 @@ impl PipelineConsumer {
         info!(message = "Pipeline consumer stopped.", pipeline = %self.pipeline.name);
     }
 
-    fn follow_pause(&mut self) {
-        let what = format!("pipeline {}", self.pipeline.name);
-        self.is_paused = follow_pause(&self.consumer, &self.paused, self.is_paused, &what);
-    }
-
     /// Seeks back to the first of `positions` on each partition.
     fn rewind(&self, positions: Vec<(i32, i64)>) {
-        let what = format!("pipeline {}", self.pipeline.name);
-        rewind(&self.consumer, &self.pipeline.input_topic, positions, &what);
+        self.reader.rewind(positions);
     }
 
     /// The transform, bound now if it was not (it follows new versions).
@@ -601,7 +522,7 @@ impl PipelineConsumer {
         Ok(Sent {
             acks,
             first: first_offsets(batch.positions().iter().copied()),
-            offsets: next_offsets(
+            offsets: Offsets::after(
                 &self.pipeline.input_topic,
                 batch.positions().iter().copied(),
             )
@@ -634,8 +555,8 @@ impl PipelineConsumer {
         };
         acks.await.map_err(unsettled)?;
         let acknowledged = std::time::Instant::now();
-        self.consumer
-            .commit(&offsets, CommitMode::Sync)
+        self.reader
+            .commit(&offsets)
             .map_err(|e| unsettled(e.into()))?;
         let ms = |d: Duration| d.as_secs_f64() * 1000.0;
         debug!(
@@ -734,8 +655,8 @@ async fn dead_letter(
     letter: Letter<'_>,
     reason: &str,
 ) -> Result<(), BatchError> {
-    let topic = dead_topic(&pipeline.input_topic);
-    let reason = crate::event::printable(reason, 4096);
+    let topic = kafka::dead_topic(&pipeline.input_topic);
+    let reason = crate::text::printable(reason, 4096);
     let (partition, offset) = (letter.origin.0.to_string(), letter.origin.1.to_string());
     let headers = [
         ("laurel-reason", reason.as_str()),
@@ -775,14 +696,6 @@ fn holds(error: &FunctionError) -> bool {
 /// or refused event goes on, for ingest to hold or log).
 fn usable(verdict: &Verdict) -> bool {
     !matches!(verdict, Verdict::Excluded { .. } | Verdict::Nothing { .. })
-}
-
-/// A header's value, if the message has it.
-fn header<'a>(message: &'a BorrowedMessage<'_>, name: &str) -> Option<&'a [u8]> {
-    Record::borrowed(message)
-        .headers()
-        .find(|(n, _)| *n == name.as_bytes())
-        .and_then(|(_, value)| value)
 }
 
 /// The position a `laurel-origin` header's value names (`partition/offset`).

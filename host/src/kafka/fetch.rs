@@ -20,18 +20,111 @@
 use std::borrow::Cow;
 use std::ffi::{CStr, CString, c_void};
 use std::ops::Deref;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rdkafka::bindings as rdsys;
-use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance, StreamConsumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{BorrowedMessage, Header, OwnedHeaders, OwnedMessage};
-use rdkafka::{Timestamp, TopicPartitionList};
+use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders, OwnedMessage};
+use rdkafka::{ClientContext, Timestamp, TopicPartitionList};
 use tokio::sync::Notify;
 use tracing::warn;
 
-use super::SourceContext;
-use super::kafka::queue_not_empty;
+use super::queue_not_empty;
+
+/// Pauses partitions assigned while the consumer is paused, and forwards
+/// each partition's fetch queue to ours before it is assigned.
+pub(super) struct PauseContext {
+    paused: Arc<AtomicBool>,
+    fetched: Arc<FetchQueue>,
+    topic: Arc<TopicWatch>,
+}
+
+impl PauseContext {
+    pub(super) fn new(
+        paused: Arc<AtomicBool>,
+        fetched: Arc<FetchQueue>,
+        topic: Arc<TopicWatch>,
+    ) -> PauseContext {
+        PauseContext {
+            paused,
+            fetched,
+            topic,
+        }
+    }
+}
+
+impl ClientContext for PauseContext {
+    /// A subscribed topic that does not exist yet (no producer created it)
+    /// is a state the consumer waits in, said once; other global errors
+    /// are errors.
+    fn error(&self, error: KafkaError, reason: &str) {
+        if is_missing_topic(&error) || reason.contains("topic not available") {
+            self.topic.missing();
+        } else {
+            tracing::error!(message = "Kafka client error.", consumer = %self.topic.what, %error, reason);
+        }
+    }
+}
+
+/// Whether `error` says a topic does not exist.
+pub(super) fn is_missing_topic(error: &KafkaError) -> bool {
+    matches!(
+        error.rdkafka_error_code(),
+        Some(RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopic)
+    )
+}
+
+/// Whether a consumer's topic exists, as far as it has seen: a missing
+/// one is said once (info), and its coming into being once.
+pub(super) struct TopicWatch {
+    pub(super) topic: String,
+    /// Names the consumer in the log ("source photos").
+    pub(super) what: String,
+    waiting: AtomicBool,
+}
+
+impl TopicWatch {
+    pub(super) fn new(topic: &str, what: &str) -> Arc<TopicWatch> {
+        Arc::new(TopicWatch {
+            topic: topic.to_string(),
+            what: what.to_string(),
+            waiting: AtomicBool::new(false),
+        })
+    }
+
+    /// The topic was found missing.
+    pub(super) fn missing(&self) {
+        if !self.waiting.swap(true, Ordering::AcqRel) {
+            tracing::info!(message = %format!("Waiting for topic {}: nothing was produced to it yet.", self.topic), consumer = %self.what);
+        }
+    }
+
+    /// Records arrived from the topic.
+    pub(super) fn present(&self) {
+        if self.waiting.load(Ordering::Acquire) && self.waiting.swap(false, Ordering::AcqRel) {
+            tracing::info!(message = %format!("Topic {} exists now.", self.topic), consumer = %self.what);
+        }
+    }
+}
+
+impl ConsumerContext for PauseContext {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Assign(partitions) = rebalance {
+            self.fetched.forward(consumer, partitions);
+        }
+    }
+
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Assign(partitions) = rebalance
+            && self.paused.load(Ordering::Acquire)
+            && let Err(error) = consumer.pause(partitions)
+        {
+            warn!(message = "Failed to pause newly assigned partitions.", %error);
+        }
+    }
+}
 
 /// Records read in one batch call at most: a batch passes
 /// LAUREL_BATCH_MAX_BYTES by at most one such read.
@@ -60,7 +153,7 @@ impl FetchQueue {
     }
 
     /// Makes the queue, on `consumer`'s client, before it subscribes.
-    fn open(&self, consumer: &StreamConsumer<SourceContext>) {
+    fn open(&self, consumer: &StreamConsumer<PauseContext>) {
         let rk = consumer.client().native_ptr();
         // SAFETY: `rk` is a live consumer; the queue is destroyed in
         // `close`, before the consumer is.
@@ -83,7 +176,7 @@ impl FetchQueue {
     /// queue, which is read too.
     pub(super) fn forward(
         &self,
-        consumer: &BaseConsumer<SourceContext>,
+        consumer: &BaseConsumer<PauseContext>,
         partitions: &TopicPartitionList,
     ) {
         let guard = self.lock();
@@ -170,14 +263,14 @@ impl FetchQueue {
 
 /// A consumer group member whose records come through its [`FetchQueue`].
 pub(super) struct GroupConsumer {
-    consumer: StreamConsumer<SourceContext>,
+    consumer: StreamConsumer<PauseContext>,
     fetched: Arc<FetchQueue>,
 }
 
 impl GroupConsumer {
     /// `consumer`, not yet subscribed, whose context forwards to `fetched`.
     pub(super) fn new(
-        consumer: StreamConsumer<SourceContext>,
+        consumer: StreamConsumer<PauseContext>,
         fetched: Arc<FetchQueue>,
     ) -> GroupConsumer {
         fetched.open(&consumer);
@@ -190,7 +283,7 @@ impl GroupConsumer {
 }
 
 impl Deref for GroupConsumer {
-    type Target = StreamConsumer<SourceContext>;
+    type Target = StreamConsumer<PauseContext>;
 
     fn deref(&self) -> &Self::Target {
         &self.consumer
@@ -206,7 +299,7 @@ impl Drop for GroupConsumer {
 
 /// One consumed record, borrowed from librdkafka.
 #[derive(Clone, Copy)]
-pub(super) struct Record<'a> {
+pub struct Record<'a> {
     message: &'a rdsys::rd_kafka_message_t,
 }
 
@@ -230,31 +323,31 @@ impl<'a> Record<'a> {
         }
     }
 
-    pub(super) fn partition(&self) -> i32 {
+    pub fn partition(&self) -> i32 {
         self.message.partition
     }
 
-    pub(super) fn offset(&self) -> i64 {
+    pub fn offset(&self) -> i64 {
         self.message.offset
     }
 
-    pub(super) fn key(&self) -> Option<&'a [u8]> {
+    pub fn key(&self) -> Option<&'a [u8]> {
         // SAFETY: librdkafka's key pointer and length describe one buffer
         // that lives as long as the message.
         unsafe { bytes(self.message.key, self.message.key_len) }
     }
 
-    pub(super) fn payload(&self) -> Option<&'a [u8]> {
+    pub fn payload(&self) -> Option<&'a [u8]> {
         // SAFETY: as for the key.
         unsafe { bytes(self.message.payload, self.message.len) }
     }
 
     /// The value's and key's bytes (what counts toward a batch's bytes).
-    pub(super) fn size(&self) -> usize {
+    pub fn size(&self) -> usize {
         self.message.len + self.message.key_len
     }
 
-    pub(super) fn topic(&self) -> Cow<'a, str> {
+    pub fn topic(&self) -> Cow<'a, str> {
         if self.message.rkt.is_null() {
             return Cow::Borrowed("");
         }
@@ -263,7 +356,7 @@ impl<'a> Record<'a> {
         unsafe { CStr::from_ptr(rdsys::rd_kafka_topic_name(self.message.rkt)) }.to_string_lossy()
     }
 
-    pub(super) fn timestamp(&self) -> Timestamp {
+    fn timestamp(&self) -> Timestamp {
         let mut kind = rdsys::rd_kafka_timestamp_type_t::RD_KAFKA_TIMESTAMP_NOT_AVAILABLE;
         let ptr = self.message as *const rdsys::rd_kafka_message_t;
         // SAFETY: a live message.
@@ -284,7 +377,7 @@ impl<'a> Record<'a> {
 
     /// Its headers in order, names as the bytes they are (a producer can
     /// send any); None for a header without a value.
-    pub(super) fn headers(&self) -> impl Iterator<Item = (&'a [u8], Option<&'a [u8]>)> + use<'a> {
+    pub fn headers(&self) -> impl Iterator<Item = (&'a [u8], Option<&'a [u8]>)> + use<'a> {
         let mut headers = std::ptr::null_mut();
         let ptr = self.message as *const rdsys::rd_kafka_message_t;
         // SAFETY: a live message; its parsed headers live as long as it.
@@ -317,7 +410,7 @@ impl<'a> Record<'a> {
 
     /// A copy that outlives the consumer; a header name that is not UTF-8
     /// is kept with U+FFFD in place of what is not.
-    pub(super) fn detach(&self) -> OwnedMessage {
+    pub fn detach(&self) -> OwnedRecord {
         let headers: Vec<_> = self.headers().collect();
         let headers = (!headers.is_empty()).then(|| {
             headers.iter().fold(
@@ -330,7 +423,7 @@ impl<'a> Record<'a> {
                 },
             )
         });
-        OwnedMessage::new(
+        OwnedRecord(OwnedMessage::new(
             self.payload().map(<[u8]>::to_vec),
             self.key().map(<[u8]>::to_vec),
             self.topic().into_owned(),
@@ -338,7 +431,52 @@ impl<'a> Record<'a> {
             self.partition(),
             self.offset(),
             headers,
-        )
+        ))
+    }
+
+    /// Its timestamp in milliseconds, if it has one.
+    pub fn timestamp_ms(&self) -> Option<i64> {
+        self.timestamp().to_millis()
+    }
+}
+
+/// A consumed record that outlives its consumer.
+pub struct OwnedRecord(OwnedMessage);
+
+impl OwnedRecord {
+    pub fn topic(&self) -> &str {
+        self.0.topic()
+    }
+
+    pub fn partition(&self) -> i32 {
+        self.0.partition()
+    }
+
+    pub fn offset(&self) -> i64 {
+        self.0.offset()
+    }
+
+    pub fn key(&self) -> Option<&[u8]> {
+        self.0.key()
+    }
+
+    pub fn payload(&self) -> Option<&[u8]> {
+        self.0.payload()
+    }
+
+    /// Its headers in order; None for a header without a value.
+    pub fn headers(&self) -> impl Iterator<Item = (&str, Option<&[u8]>)> {
+        self.0
+            .headers()
+            .into_iter()
+            .flat_map(|headers| headers.iter().map(|h| (h.key, h.value)))
+    }
+
+    /// The value of its first header named `name`, if it has one.
+    pub fn header(&self, name: &str) -> Option<&[u8]> {
+        self.headers()
+            .find(|(n, _)| *n == name)
+            .and_then(|(_, v)| v)
     }
 }
 

@@ -13,13 +13,15 @@
 //!
 //! A dead letter that fails again stays, with its new reason.
 
+pub mod raw;
+
 use std::sync::Arc;
 
 use tracing::info;
 
-use super::plan::{Plan, Scope};
 use crate::catalog::Catalog;
 use crate::event::Envelope;
+use crate::objectives::{self, Plan, Scope};
 use crate::registry::Registry;
 use crate::store::{Applied, Batch, LetterFilter, Message, Replaying, Store, StoredLetter};
 
@@ -58,7 +60,7 @@ pub async fn replay(
     let (name, awards, registry) = (source.to_string(), catalog.awards(), registry.clone());
     let mut plan =
         tokio::task::spawn_blocking(move || Plan::build(&name, &awards, &registry)).await?;
-    let recorded = super::recorded_awards(catalog);
+    let recorded = objectives::recorded_awards(&catalog.awards());
     let mut report = ReplayReport::default();
     let mut after = 0;
     loop {
@@ -112,7 +114,7 @@ async fn replay_chunk(
     let mut replaying = Vec::new();
     let mut admitted: Vec<(usize, Envelope, Scope)> = Vec::new();
     for (index, letter) in letters.iter().enumerate() {
-        match super::check_message(
+        match objectives::check_message(
             letter.key.as_deref(),
             letter.value.as_deref(),
             source,
@@ -142,7 +144,8 @@ async fn replay_chunk(
         .excluded_users(admitted.iter().map(|(_, e, _)| e.user_id.as_str()))
         .await?;
     let mut log = Vec::new();
-    admitted.retain(|(index, envelope, _)| !super::skipped(*index, envelope, &excluded, &mut log));
+    admitted
+        .retain(|(index, envelope, _)| !objectives::skipped(*index, envelope, &excluded, &mut log));
     let mut indexes = Vec::with_capacity(admitted.len());
     let mut envelopes = Vec::with_capacity(admitted.len());
     let mut scopes = Vec::with_capacity(admitted.len());
@@ -167,7 +170,7 @@ async fn replay_chunk(
         backfill: false,
         recorded,
     };
-    let (applied, refused) = super::apply_isolating(store, &batch).await?;
+    let (applied, refused) = store.apply_isolating(&batch).await?;
     // An event PostgreSQL refuses now is kept as it was, with that reason.
     for dead in refused {
         if let Some(r) = replaying.iter().find(|r| r.index == dead.index) {

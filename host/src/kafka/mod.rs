@@ -1,5 +1,25 @@
-//! Kafka clients and the local broker (librdkafka's mock cluster, which
-//! speaks the real protocol over TCP).
+//! Kafka: the one owner of rdkafka. Clients and their settings, the local
+//! broker (librdkafka's mock cluster, which speaks the real protocol over
+//! TCP), group consumers reading in batches (`consume`, `fetch`),
+//! producers that are told each acknowledgement (`produce`), dead-letter
+//! publishing, reads of recent and retained messages, a group's unread
+//! span (`span`), lag, and the names of groups and topics.
+//!
+//! **Architecture Invariant:** only this module imports `rdkafka`; roles
+//! talk to Kafka through what it exports.
+
+mod consume;
+mod fetch;
+mod produce;
+mod span;
+
+pub use consume::{
+    ConsumerSettings, FIRST_WAIT, GroupReader, NextBatch, Offsets, ReadBatch, first_offsets,
+    offset_ranges,
+};
+pub use fetch::{OwnedRecord, Record};
+pub use produce::{Delivered, Producer};
+pub use span::Span;
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -12,12 +32,34 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, warn};
 
-use super::produce::Producer;
+/// Consumer groups are `<prefix>.<source>` (ingest's, and where the API
+/// reads the lag).
+pub const GROUP_PREFIX: &str = "laurel";
+
+/// Ingest's consumer group of `source`: `<prefix>.<source>`.
+pub fn source_group(prefix: &str, source: &str) -> String {
+    format!("{prefix}.{source}")
+}
+
+/// A pipeline's consumer group: `<prefix>.prefilter.<pipeline>`.
+pub fn pipeline_group(prefix: &str, pipeline: &str) -> String {
+    format!("{prefix}.prefilter.{pipeline}")
+}
+
+/// Where a source's events that cannot be used go: `events.<source>.dead`.
+pub fn source_dead_topic(source: &str) -> String {
+    format!("events.{source}.dead")
+}
+
+/// Where a pipeline's malformed records go: `<input_topic>.dead`.
+pub fn dead_topic(input_topic: &str) -> String {
+    format!("{input_topic}.dead")
+}
 
 /// librdkafka calls this when a queue goes from empty to not empty (from
 /// its own threads, under the queue's lock); `opaque` is the queue's
 /// [`tokio::sync::Notify`], which must outlive the callback.
-pub(super) unsafe extern "C" fn queue_not_empty(
+unsafe extern "C" fn queue_not_empty(
     _: *mut rdkafka::bindings::rd_kafka_t,
     opaque: *mut std::ffi::c_void,
 ) {

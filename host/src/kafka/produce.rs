@@ -21,7 +21,7 @@ use rdkafka::message::{Message, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer as _, ProducerContext};
 use tokio::sync::{Notify, oneshot};
 
-use super::kafka::queue_not_empty;
+use super::queue_not_empty;
 
 /// How long a send waits for room in the producer's queue
 /// (`queue.buffering.max.messages`) before it fails.
@@ -195,8 +195,7 @@ mod tests {
     use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 
     use super::Producer;
-    use crate::ingest::LocalBroker;
-    use crate::ingest::kafka::producer_lingering;
+    use crate::kafka::{LocalBroker, producer_lingering};
 
     #[tokio::test]
     async fn every_send_is_told_its_own_acknowledgement() {

@@ -18,17 +18,11 @@
 //! starts where this one ended. A record whose value was too large to keep
 //! in the dead letter cannot be replayed; it is counted and named.
 
-use std::borrow::Cow;
-use std::collections::HashMap;
 use std::time::Duration;
 
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, StreamConsumer};
-use rdkafka::message::Message;
-use rdkafka::{Offset, TopicPartitionList};
 use serde::Serialize;
 
-use super::{dead_topic, header};
-use crate::ingest::{Record, kafka};
+use crate::kafka::{self, Span, dead_topic};
 use crate::store::PipelineRow;
 
 /// The first position of a replayed record: `PARTITION/OFFSET`.
@@ -107,35 +101,12 @@ pub async fn replay(
         dead_topic: dead.clone(),
         ..RawReplay::default()
     };
-    let ranges = {
-        let (brokers, group, dead) = (brokers.to_string(), group.clone(), dead.clone());
-        tokio::task::spawn_blocking(move || ranges(&brokers, &group, &dead)).await??
-    };
-    let mut ends: HashMap<i32, i64> = ranges
-        .iter()
-        .filter(|(_, start, end)| start < end)
-        .map(|(partition, _, end)| (*partition, *end))
-        .collect();
-    if ends.is_empty() {
+    let Some(mut span) = Span::open(brokers, &group, &dead).await? else {
         return Ok(report);
-    }
-    let consumer: StreamConsumer = kafka::client_config(brokers)
-        .set("group.id", &group)
-        .set("enable.auto.commit", "false")
-        .set("auto.offset.reset", "earliest")
-        .create()
-        .map_err(|e| anyhow::anyhow!("failed to create a consumer of {dead}: {e}"))?;
-    let mut assignment = TopicPartitionList::new();
-    for (partition, start, end) in &ranges {
-        if start < end {
-            assignment.add_partition_offset(&dead, *partition, Offset::Offset(*start))?;
-        }
-    }
-    consumer.assign(&assignment)?;
+    };
     let producer = kafka::producer(brokers)?;
-    let mut done = TopicPartitionList::new();
-    while !ends.is_empty() {
-        let message = tokio::time::timeout(PATIENCE, consumer.recv())
+    loop {
+        let message = tokio::time::timeout(PATIENCE, span.next())
             .await
             .map_err(|_| {
                 anyhow::anyhow!(
@@ -144,15 +115,10 @@ pub async fn replay(
                     report.replayed
                 )
             })??;
-        let partition = message.partition();
-        let Some(&end) = ends.get(&partition) else {
-            continue;
+        let Some(message) = message else {
+            break;
         };
-        if message.offset() >= end {
-            continue;
-        }
-        let header =
-            |name: &str| String::from_utf8_lossy(header(&message, name).unwrap_or_default());
+        let header = |name: &str| String::from_utf8_lossy(message.header(name).unwrap_or_default());
         if header("laurel-pipeline") == pipeline.name.as_str() {
             let origin = format!("{}/{}", header("laurel-partition"), header("laurel-offset"));
             match message.payload() {
@@ -166,14 +132,12 @@ pub async fn replay(
                     ];
                     // A name that is not UTF-8 (any producer can write
                     // here) goes on with U+FFFD in place of what is not.
-                    let own: Vec<(Cow<'_, str>, &[u8])> = Record::borrowed(&message)
-                        .headers()
-                        .map(|(name, value)| {
-                            (String::from_utf8_lossy(name), value.unwrap_or_default())
-                        })
-                        .filter(|(name, _)| !name.starts_with("laurel-"))
-                        .collect();
-                    headers.extend(own.iter().map(|(name, value)| (name.as_ref(), *value)));
+                    headers.extend(
+                        message
+                            .headers()
+                            .map(|(name, value)| (name, value.unwrap_or_default()))
+                            .filter(|(name, _)| !name.starts_with("laurel-")),
+                    );
                     kafka::publish_bytes(
                         &producer,
                         &pipeline.input_topic,
@@ -188,42 +152,8 @@ pub async fn replay(
         } else {
             report.other_pipelines += 1;
         }
-        if message.offset() + 1 >= end {
-            ends.remove(&partition);
-            done.add_partition_offset(&dead, partition, Offset::Offset(end))?;
-        }
     }
     // Everything put back was acknowledged (each publish waits for it).
-    consumer.commit(&done, CommitMode::Sync)?;
+    span.commit()?;
     Ok(report)
-}
-
-/// Per partition of `topic`: where the group's replay starts (its
-/// committed offset, or the oldest kept) and the end now.
-fn ranges(brokers: &str, group: &str, topic: &str) -> anyhow::Result<Vec<(i32, i64, i64)>> {
-    let timeout = Duration::from_secs(10);
-    let consumer: BaseConsumer = kafka::client_config(brokers)
-        .set("group.id", group)
-        .set("enable.auto.commit", "false")
-        .create()
-        .map_err(|e| anyhow::anyhow!("failed to create a consumer of {topic}: {e}"))?;
-    let partitions = kafka::partitions(&consumer, topic, timeout)?;
-    let mut asked = TopicPartitionList::new();
-    for partition in &partitions {
-        asked.add_partition(topic, *partition);
-    }
-    let committed = consumer.committed_offsets(asked, timeout)?;
-    let mut ranges = Vec::new();
-    for partition in partitions {
-        let (low, high) = consumer.fetch_watermarks(topic, partition, timeout)?;
-        let start = match committed
-            .find_partition(topic, partition)
-            .map(|e| e.offset())
-        {
-            Some(Offset::Offset(offset)) => offset.max(low),
-            _ => low,
-        };
-        ranges.push((partition, start, high));
-    }
-    Ok(ranges)
 }

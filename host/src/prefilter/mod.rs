@@ -26,7 +26,7 @@
 //!   records it fails on are dead-lettered with why. A quarantined one
 //!   holds its own pipeline (nothing committed, retried every few
 //!   seconds until a new version is pushed); other pipelines go on.
-//! - **Replay** ([`replay`]): a pipeline's dead letters go back to its
+//! - **Replay** (`crate::replay::raw`): a pipeline's dead letters go back to its
 //!   input topic at their first position, once fixed.
 
 use std::collections::{BTreeSet, HashMap};

@@ -144,7 +144,7 @@ async fn create_source_topics(broker: &LocalBroker, database_url: &str) -> anyho
     let store = Store::connect(database_url).await?;
     for source in store.sources().await? {
         broker.create_topic(&source.topic, 4)?;
-        broker.create_topic(&format!("events.{}.dead", source.name), 1)?;
+        broker.create_topic(&kafka::source_dead_topic(&source.name), 1)?;
     }
     for pipeline in store.pipelines().await? {
         broker.create_topic(&pipeline.input_topic, 4)?;

@@ -17,8 +17,7 @@ impl Store {
         &mut self,
         batch: &Batch<'_>,
     ) -> Result<(Applied, Vec<DeadEvent>), StoreError> {
-        let store = self;
-        let error = match store.apply_batch(*batch).await {
+        let error = match self.apply_batch(*batch).await {
             Ok(applied) => return Ok((applied, Vec::new())),
             Err(error) if !error.is_data_error() => return Err(error),
             Err(error) => error,
@@ -37,7 +36,7 @@ impl Store {
                 None => {
                     let keep: HashSet<usize> = part.iter().copied().collect();
                     let input = BatchPart::of(batch, |i| keep.contains(&i));
-                    match store.apply_batch(input.batch(batch)).await {
+                    match self.apply_batch(input.batch(batch)).await {
                         Ok(done) => {
                             applied.merge(done);
                             continue;
@@ -85,7 +84,7 @@ impl Store {
                 dead: vec![dead.clone()],
                 ..BatchPart::default()
             };
-            match store.apply_batch(alone.batch(batch)).await {
+            match self.apply_batch(alone.batch(batch)).await {
                 Ok(_) => {}
                 Err(error) if error.is_data_error() => {
                     error!(message = "Could not keep a refused event in the database; it goes to the dead-letter topic only.", source = %batch.source, %error);

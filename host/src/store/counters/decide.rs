@@ -2,14 +2,9 @@
 //! (read in its transaction), decide what every outcome changes. No I/O;
 //! the rules of exactly-once application live here, with their unit tests.
 //!
-//! - A content item's events apply in `occurred_at` order: an event before
-//!   the last one applied to its item changes nothing, so a redelivery
-//!   never brings an older status back. Of two events with the same
-//!   `occurred_at`, the later in its partition is the later (Kafka keeps
-//!   one key's events in the order they were written; a master system
-//!   writes an item's status changes in the order they happened, often
-//!   within one millisecond). An event whose place is not known, or is in
-//!   another partition, falls back to the larger id (byte order).
+//! - A content item's events apply in their order (`order.rs`): an event
+//!   before the last one applied to its item changes nothing, so a
+//!   redelivery never brings an older status back.
 //! - An event id already processed for the item at its last `occurred_at`
 //!   changes nothing, wherever it comes again (a redelivery, a producer's
 //!   retry at a later offset); a dead letter replayed keeps the place it
@@ -23,316 +18,25 @@
 //!   through a replay of the hold.
 //! - A replay of a hold applies to its objective if the event is still the
 //!   latest for its item (or additive); the claimed hold is its token.
+//!
+//! Each event goes through three steps: does it stand to change anything
+//! ([`Decider::skipped`]), every objective's change checked before any is
+//! made ([`Decider::plan`]: an event applies whole or not at all), then
+//! made ([`Decider::apply`]).
 
-use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::sync::Arc;
 
-use chrono::{DateTime, Utc};
-use serde_json::Value;
-
-use super::{Counters, Effect, LogEntry, Outcome};
-use crate::store::json_text::{ObjectWriter, push_counters, push_str};
-
-pub(super) type ContentKey<'a> = (&'a str, &'a str, &'a str, &'a str); // user, award, objective, content
-pub(super) type GroupKey<'a> = (&'a str, &'a str, &'a str, &'a str); // user, award, objective, dedup key
-pub(super) type ObjectiveKey<'a> = (&'a str, &'a str, &'a str); // user, award, objective
-
-/// Where an event was in its topic; for an event a pipeline made, where
-/// its raw record was, and which of the record's events it is (`n`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Place<'a> {
-    pub topic: &'a str,
-    pub partition: i32,
-    pub offset: i64,
-    pub n: u32,
-}
-
-impl<'a> Place<'a> {
-    /// `TOPIC:PARTITION:OFFSET[:N]` (Kafka topic names have no `:`), as
-    /// `content_items.place` and the `laurel-place` header carry it.
-    pub fn parse(text: &'a str) -> Option<Place<'a>> {
-        let mut parts = text.split(':');
-        let topic = parts.next().filter(|t| !t.is_empty())?;
-        let partition = parts.next()?.parse().ok()?;
-        let offset = parts.next()?.parse().ok()?;
-        let n = match parts.next() {
-            Some(n) => n.parse().ok()?,
-            None => 0,
-        };
-        parts.next().is_none().then_some(Place {
-            topic,
-            partition,
-            offset,
-            n,
-        })
-    }
-
-    pub fn text(&self) -> String {
-        match self.n {
-            0 => format!("{}:{}:{}", self.topic, self.partition, self.offset),
-            n => format!("{}:{}:{}:{n}", self.topic, self.partition, self.offset),
-        }
-    }
-}
-
-/// An event's order among its item's events.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Order<'a> {
-    pub occurred_at: DateTime<Utc>,
-    pub event_id: &'a str,
-    /// None: not known (an item's event applied before places were kept,
-    /// or a backfill's).
-    pub place: Option<Place<'a>>,
-}
-
-/// Most ids kept per item of events processed at its last `occurred_at`
-/// before the last one (more in one millisecond than any master system
-/// writes for one item).
-pub(super) const MAX_TIED: usize = 64;
-
-/// The last event processed for a content item, and the ids of the others
-/// processed at the same `occurred_at` before it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Last<'a> {
-    pub order: Order<'a>,
-    pub tied: Vec<&'a str>,
-}
-
-impl<'a> Last<'a> {
-    pub fn of(order: Order<'a>) -> Last<'a> {
-        Last {
-            order,
-            tied: Vec::new(),
-        }
-    }
-
-    /// Where `event` stands against this.
-    fn standing(&self, event: &Order<'a>) -> Standing {
-        let last = &self.order;
-        match event.occurred_at.cmp(&last.occurred_at) {
-            std::cmp::Ordering::Less => Standing::Older,
-            std::cmp::Ordering::Greater => Standing::Newer,
-            std::cmp::Ordering::Equal if event.event_id == last.event_id => Standing::Last,
-            std::cmp::Ordering::Equal if self.tied.contains(&event.event_id) => Standing::Seen,
-            std::cmp::Ordering::Equal => {
-                let later = match (event.place, last.place) {
-                    (Some(a), Some(b)) if a.topic == b.topic && a.partition == b.partition => {
-                        (a.offset, a.n) > (b.offset, b.n)
-                    }
-                    _ => event.event_id > last.event_id,
-                };
-                if later {
-                    Standing::Newer
-                } else {
-                    Standing::Older
-                }
-            }
-        }
-    }
-
-    /// This, after `event` (newer) was processed.
-    fn then(&self, event: Order<'a>) -> Last<'a> {
-        if event.occurred_at != self.order.occurred_at {
-            return Last::of(event);
-        }
-        let mut tied = self.tied.clone();
-        tied.push(self.order.event_id);
-        if tied.len() > MAX_TIED {
-            tied.remove(0);
-        }
-        Last { order: event, tied }
-    }
-}
-
-/// Where an event stands against its item's last one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Standing {
-    /// Before it: it changes nothing.
-    Older,
-    /// It.
-    Last,
-    /// Processed before it, at the same time.
-    Seen,
-    /// After it.
-    Newer,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub(super) struct Stored<'a> {
-    pub counters: Counters,
-    pub dedup_key: Option<&'a str>,
-}
-
-/// A unit of an objective's total: an item on its own, or a group of items
-/// sharing a de-duplication key (the group counts each counter's maximum).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-enum Unit<'a> {
-    Item(&'a str),
-    Group(&'a str),
-}
-
-fn unit_of<'a>(content: &'a str, dedup_key: Option<&'a str>) -> Unit<'a> {
-    match dedup_key {
-        Some(key) => Unit::Group(key),
-        None => Unit::Item(content),
-    }
-}
-
-/// `into += sign * from`, or the name of the counter that overflows.
-fn add_checked(into: &mut Counters, from: &Counters, sign: i64) -> Result<(), String> {
-    for (name, value) in from {
-        let term = value.checked_mul(sign).ok_or_else(|| name.clone())?;
-        match into.get_mut(name) {
-            Some(total) => *total = total.checked_add(term).ok_or_else(|| name.clone())?,
-            None => {
-                into.insert(name.clone(), term);
-            }
-        }
-    }
-    Ok(())
-}
-
-pub(super) fn nonzero(counters: Counters) -> Counters {
-    counters.into_iter().filter(|(_, v)| *v != 0).collect()
-}
-
-pub(crate) fn counters_from(value: &Value) -> Counters {
-    value
-        .as_object()
-        .map(|map| {
-            map.iter()
-                .filter_map(|(k, v)| v.as_i64().map(|v| (k.clone(), v)))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// What the content items a batch touches contribute, per objective.
-#[derive(Default)]
-pub(super) struct Contributions<'a> {
-    pub items: HashMap<ContentKey<'a>, Stored<'a>>,
-    /// Members of each group touched (content ids).
-    groups: HashMap<GroupKey<'a>, BTreeSet<&'a str>>,
-    /// De-duplication keys that changed: (item, old key, new key).
-    pub rekeyed: Vec<(ContentKey<'a>, Option<&'a str>, Option<&'a str>)>,
-}
-
-impl<'a> Contributions<'a> {
-    /// Loads one stored share of an item: `share` is `{"c": counters, "k": key}`.
-    /// Returns the item's group, if it has one.
-    pub fn load(&mut self, key: ContentKey<'a>, share: &'a Value) -> Option<GroupKey<'a>> {
-        let dedup_key = share.get("k").and_then(Value::as_str);
-        let group = dedup_key.map(|dedup| (key.0, key.1, key.2, dedup));
-        if let Some(group) = group {
-            self.groups.entry(group).or_default().insert(key.3);
-        }
-        let counters = share.get("c").map(counters_from).unwrap_or_default();
-        self.items.entry(key).or_insert(Stored {
-            counters,
-            dedup_key,
-        });
-        group
-    }
-
-    /// A unit's value, with `item`'s contribution taken as `next` (None:
-    /// as stored).
-    fn unit_value(
-        &self,
-        (user, award, objective): ObjectiveKey<'a>,
-        unit: Unit<'a>,
-        next: Option<(&'a str, &Stored<'a>)>,
-    ) -> Counters {
-        let stored = |content: &'a str| -> Option<&Stored<'a>> {
-            match next {
-                Some((item, next)) if item == content => Some(next),
-                _ => self.items.get(&(user, award, objective, content)),
-            }
-        };
-        match unit {
-            Unit::Item(content) => match stored(content) {
-                Some(s) if s.dedup_key.is_none() => s.counters.clone(),
-                _ => Counters::new(),
-            },
-            Unit::Group(dedup) => {
-                let mut members: BTreeSet<&'a str> = self
-                    .groups
-                    .get(&(user, award, objective, dedup))
-                    .cloned()
-                    .unwrap_or_default();
-                if let Some((item, next)) = next {
-                    if next.dedup_key == Some(dedup) {
-                        members.insert(item);
-                    } else {
-                        members.remove(item);
-                    }
-                }
-                let mut max = Counters::new();
-                for content in members {
-                    if let Some(s) = stored(content) {
-                        for (name, value) in &s.counters {
-                            let entry = max.entry(name.clone()).or_insert(*value);
-                            *entry = (*entry).max(*value);
-                        }
-                    }
-                }
-                max
-            }
-        }
-    }
-
-    /// The change of the objective's counters if `key`'s contribution
-    /// became `next`, without changing anything; `Err` names a counter that
-    /// would overflow.
-    fn preview(&self, key: ContentKey<'a>, next: &Stored<'a>) -> Result<Counters, String> {
-        let (user, award, objective, content) = key;
-        let objective_key = (user, award, objective);
-        let previous = self.items.get(&key).map(|s| unit_of(content, s.dedup_key));
-        let mut units: Vec<Unit<'a>> = previous
-            .into_iter()
-            .chain([unit_of(content, next.dedup_key)])
-            .collect();
-        units.sort();
-        units.dedup();
-        let mut delta = Counters::new();
-        for unit in units {
-            add_checked(&mut delta, &self.unit_value(objective_key, unit, None), -1)?;
-            add_checked(
-                &mut delta,
-                &self.unit_value(objective_key, unit, Some((content, next))),
-                1,
-            )?;
-        }
-        Ok(nonzero(delta))
-    }
-
-    /// Makes `next` the contribution of `key`.
-    fn replace(&mut self, key: ContentKey<'a>, next: Stored<'a>) {
-        let (user, award, objective, content) = key;
-        let old_key = self.items.get(&key).and_then(|s| s.dedup_key);
-        if let Some(old) = old_key
-            && let Some(members) = self.groups.get_mut(&(user, award, objective, old))
-        {
-            members.remove(content);
-        }
-        if let Some(new) = next.dedup_key {
-            self.groups
-                .entry((user, award, objective, new))
-                .or_default()
-                .insert(content);
-        }
-        if old_key != next.dedup_key {
-            self.rekeyed.push((key, old_key, next.dedup_key));
-        }
-        self.items.insert(key, next);
-    }
-}
+use super::contributions::{Contributions, Stored, add_checked, nonzero};
+use super::keys::{ItemKey, ObjectiveKey, ShareKey};
+use super::log::{Change, LogRow, storable};
+use super::order::{Last, Order, Place, Standing};
+use super::{Counters, Effect, Outcome};
 
 /// What the batch's rows hold now, read in its transaction.
 #[derive(Default)]
 pub(super) struct Snapshot<'a> {
-    /// The last event applied to each content item: (user, content).
-    pub items: HashMap<(&'a str, &'a str), Last<'a>>,
+    /// The last event applied to each content item.
+    pub items: HashMap<ItemKey<'a>, Last<'a>>,
     /// Each event's place in its topic, by batch index (None: not known).
     pub places: Vec<Option<Place<'a>>>,
     pub view: Contributions<'a>,
@@ -341,7 +45,8 @@ pub(super) struct Snapshot<'a> {
     /// Current counters of the objectives the batch touches.
     pub totals: HashMap<ObjectiveKey<'a>, Counters>,
     /// Events replayed from a hold (by batch index): the claimed hold's
-    /// objective. An event replayed whole is processed as from Kafka.
+    /// (award, objective). An event replayed whole is processed as from
+    /// Kafka.
     pub replaying_holds: HashMap<usize, (&'a str, &'a str)>,
     /// A backfill: each event is its item's stored last event, evaluated
     /// again for objectives that may not have seen it (the batch's outcomes
@@ -369,126 +74,17 @@ pub(super) enum HoldReplay {
     Held(String),
 }
 
-/// A processing-log row. An applied event has one row, its `deltas` and
-/// `functions` keyed by award, then objective.
-#[derive(Debug)]
-pub(super) struct LogRow<'a> {
-    pub event_id: Option<Cow<'a, str>>,
-    pub user_id: Option<Cow<'a, str>>,
-    pub award_id: Option<&'a str>,
-    pub objective_id: Option<&'a str>,
-    pub outcome: &'static str,
-    pub reason: Option<Cow<'a, str>>,
-    /// JSON text.
-    pub deltas: Option<String>,
-    /// JSON text.
-    pub functions: Option<Cow<'a, str>>,
-    /// JSON text: the filter that now stops the event's content item, for
-    /// each objective where that moved counters, keyed by award, then
-    /// objective.
-    pub excluded: Option<String>,
-}
-
-/// Text from an event or a guest, safe to store: PostgreSQL refuses NUL.
-pub(super) fn storable(text: &str, max: usize) -> Cow<'_, str> {
-    if text.len() <= max && !text.chars().any(char::is_control) {
-        Cow::Borrowed(text)
-    } else {
-        Cow::Owned(crate::text::printable(text, max))
-    }
-}
-
-/// Longest reason stored, in bytes.
-pub(super) const MAX_REASON_BYTES: usize = 4096;
-/// Longest id stored from a message that could not be used.
-pub(super) const MAX_ID_BYTES: usize = crate::event::MAX_ID_BYTES;
-
-impl<'a> LogRow<'a> {
-    fn of(
-        o: &'a Outcome,
-        outcome: &'static str,
-        reason: Option<Cow<'a, str>>,
-        functions: &'a str,
-    ) -> LogRow<'a> {
-        LogRow {
-            event_id: Some(Cow::Borrowed(&o.event_id)),
-            user_id: Some(Cow::Borrowed(&o.user_id)),
-            award_id: Some(&o.award_id),
-            objective_id: Some(&o.objective_id),
-            outcome,
-            reason,
-            deltas: None,
-            functions: Some(Cow::Borrowed(functions)),
-            excluded: None,
-        }
-    }
-
-    /// A row about a whole event (every objective it reached).
-    fn event(
-        o: &'a Outcome,
-        outcome: &'static str,
-        reason: Option<Cow<'a, str>>,
-        deltas: Option<String>,
-        functions: Option<String>,
-    ) -> LogRow<'a> {
-        LogRow {
-            event_id: Some(Cow::Borrowed(&o.event_id)),
-            user_id: Some(Cow::Borrowed(&o.user_id)),
-            award_id: None,
-            objective_id: None,
-            outcome,
-            reason,
-            deltas,
-            functions: functions.map(Cow::Owned),
-            excluded: None,
-        }
-    }
-
-    /// A whole event dead-lettered before the database.
-    pub fn from_entry_parts(
-        event_id: Option<&'a str>,
-        user_id: Option<&'a str>,
-        reason: &'a str,
-    ) -> LogRow<'a> {
-        LogRow {
-            event_id: event_id.map(|t| storable(t, MAX_ID_BYTES)),
-            user_id: user_id.map(|t| storable(t, MAX_ID_BYTES)),
-            award_id: None,
-            objective_id: None,
-            outcome: "rejected",
-            reason: Some(storable(reason, MAX_REASON_BYTES)),
-            deltas: None,
-            functions: None,
-            excluded: None,
-        }
-    }
-
-    pub fn from_entry(e: &'a LogEntry) -> LogRow<'a> {
-        LogRow {
-            event_id: e.event_id.as_deref().map(|t| storable(t, MAX_ID_BYTES)),
-            user_id: e.user_id.as_deref().map(|t| storable(t, MAX_ID_BYTES)),
-            award_id: e.award_id.as_deref(),
-            objective_id: e.objective_id.as_deref(),
-            outcome: e.outcome,
-            reason: Some(storable(&e.reason, MAX_REASON_BYTES)),
-            deltas: None,
-            functions: e.functions.as_deref().map(|f| Cow::Owned(f.to_string())),
-            excluded: None,
-        }
-    }
-}
-
 /// What a batch changes.
 #[derive(Default)]
 pub(super) struct Decision<'a> {
     /// Content items whose last applied event moved, with it.
-    pub items: BTreeMap<(&'a str, &'a str), Last<'a>>,
+    pub items: BTreeMap<ItemKey<'a>, Last<'a>>,
     /// For each item of `items`, the batch index of that event.
-    pub item_events: HashMap<(&'a str, &'a str), usize>,
+    pub item_events: HashMap<ItemKey<'a>, usize>,
     /// Content items whose shares changed, with their last event's order
     /// (moved or not: a replayed hold or a backfill changes shares at the
     /// item's own order).
-    pub reshared: BTreeMap<(&'a str, &'a str), Last<'a>>,
+    pub reshared: BTreeMap<ItemKey<'a>, Last<'a>>,
     /// Objectives whose counters changed: their new counters.
     pub totals: BTreeMap<ObjectiveKey<'a>, Counters>,
     /// Additive events applied for the first time.
@@ -512,114 +108,169 @@ pub(super) fn decide<'a>(
     outcomes: &'a [Outcome],
     functions_text: &dyn Fn(&Outcome) -> &'a str,
 ) -> (Decision<'a>, Contributions<'a>) {
-    let Snapshot {
-        mut items,
-        places,
-        mut view,
-        seen_additive,
-        totals: current,
-        replaying_holds,
-        backfill,
-    } = snapshot;
-    let mut decision = Decision::default();
-    // Running totals of the objectives changed so far, and what changed.
-    let mut totals: HashMap<ObjectiveKey<'a>, Counters> = HashMap::new();
-    let mut net: HashMap<ObjectiveKey<'a>, Counters> = HashMap::new();
-    let mut additive_here: HashSet<&'a str> = HashSet::new();
-
+    let mut decider = Decider {
+        snapshot,
+        functions_text,
+        decision: Decision::default(),
+        totals: HashMap::new(),
+        net: HashMap::new(),
+        additive_here: HashSet::new(),
+    };
     for event in outcomes.chunk_by(|a, b| a.index == b.index) {
-        let first = &event[0];
-        let replaying = replaying_holds.get(&first.index).copied();
-        let relevant: Vec<&'a Outcome> = match replaying {
-            // A replayed hold concerns its own objective only.
-            Some((award, objective)) => event
+        decider.event(event);
+    }
+    decider.finish()
+}
+
+/// A batch being decided, event by event.
+struct Decider<'a, 'f> {
+    /// As read, then as decided so far (`items`, `view`).
+    snapshot: Snapshot<'a>,
+    functions_text: &'f dyn Fn(&Outcome) -> &'a str,
+    decision: Decision<'a>,
+    /// Running totals of the objectives changed so far.
+    totals: HashMap<ObjectiveKey<'a>, Counters>,
+    /// What changed in them.
+    net: HashMap<ObjectiveKey<'a>, Counters>,
+    /// Additive events applied earlier in this batch.
+    additive_here: HashSet<&'a str>,
+}
+
+/// One event of the batch, and where it stands.
+struct Event<'a> {
+    first: &'a Outcome,
+    /// The (award, objective) of the hold this replays, if it replays one.
+    replaying: Option<(&'a str, &'a str)>,
+    /// The outcomes it concerns (a replayed hold: its own objective's).
+    relevant: Vec<&'a Outcome>,
+    /// Its content item and order; None: additive.
+    order: Option<(ItemKey<'a>, Order<'a>)>,
+    /// The last event applied to its item.
+    last: Option<Last<'a>>,
+    standing: Option<Standing>,
+}
+
+/// One objective's change within an event, checked, not yet made: the
+/// outcome, the change of its counters, and the item's new contribution.
+type Planned<'a> = (&'a Outcome, Counters, Option<(ShareKey<'a>, Stored<'a>)>);
+
+/// Every objective's change of one event, checked.
+struct Plan<'a> {
+    planned: Vec<Planned<'a>>,
+    /// Objectives that could not decide, with why.
+    held: Vec<(&'a Outcome, &'a str)>,
+    /// The running totals after the event.
+    totals: HashMap<ObjectiveKey<'a>, Counters>,
+}
+
+impl<'a> Decider<'a, '_> {
+    fn event(&mut self, outcomes: &'a [Outcome]) {
+        let event = self.read(outcomes);
+        if self.skipped(&event) {
+            return;
+        }
+        match self.plan(&event) {
+            Ok(plan) => self.apply(&event, plan),
+            Err(reason) => self.refuse(&event, reason),
+        }
+    }
+
+    fn read(&self, outcomes: &'a [Outcome]) -> Event<'a> {
+        let first = &outcomes[0];
+        let replaying = self.snapshot.replaying_holds.get(&first.index).copied();
+        let relevant = match replaying {
+            Some((award, objective)) => outcomes
                 .iter()
                 .filter(|o| o.award_id == award && o.objective_id == objective)
                 .collect(),
-            None => event.iter().collect(),
+            None => outcomes.iter().collect(),
         };
-
-        // Is the event new to its item (or, additive, new at all)?
-        let order = first.content_id.as_deref().map(|content| {
+        let order = ItemKey::of(first).map(|item| {
             (
-                (first.user_id.as_str(), content),
+                item,
                 Order {
                     occurred_at: first.occurred_at,
                     event_id: &first.event_id,
-                    place: places.get(first.index).copied().flatten(),
+                    place: self.snapshot.places.get(first.index).copied().flatten(),
                 },
             )
         });
-        let last = order.and_then(|(item, _)| items.get(&item).cloned());
+        let last = order.and_then(|(item, _)| self.snapshot.items.get(&item).cloned());
         let standing = match (&order, &last) {
             (Some((_, order)), Some(last)) => Some(last.standing(order)),
             _ => None,
         };
-        let rerun = replaying.is_some() || backfill;
-        match (order, standing) {
-            // Older; or, for a replayed hold or a backfill, processed
-            // before at this time and superseded since.
+        Event {
+            first,
+            replaying,
+            relevant,
+            order,
+            last,
+            standing,
+        }
+    }
+
+    /// Whether the event changes nothing (logged why): older than its
+    /// item's last, or applied before.
+    fn skipped(&mut self, event: &Event<'a>) -> bool {
+        let first = event.first;
+        // A replayed hold and a backfill are processed again on purpose:
+        // the event was processed; these objectives did not get it.
+        let rerun = event.replaying.is_some() || self.snapshot.backfill;
+        let row = match (event.order, event.standing) {
+            // Older; or, for a rerun, processed before at this time and
+            // superseded since.
             (Some(_), Some(standing))
                 if standing == Standing::Older || (rerun && standing == Standing::Seen) =>
             {
-                decision.log.push(LogRow::skip(
-                    first,
-                    "older than the last applied event for this content item",
-                    functions_text(first),
-                ));
-                if replaying.is_some() {
-                    decision
+                if event.replaying.is_some() {
+                    self.decision
                         .replayed_holds
                         .insert(first.index, HoldReplay::Resolved);
                 }
-                continue;
-            }
-            // The same event again: a replayed hold and a backfill are the
-            // exceptions (the event was processed; these objectives did not
-            // get it).
-            (Some(_), Some(Standing::Last | Standing::Seen)) if !rerun => {
-                decision.log.push(LogRow::event(
+                LogRow::skip(
                     first,
-                    "skipped",
-                    Some("event already applied".into()),
-                    None,
-                    None,
-                ));
-                continue;
+                    "older than the last applied event for this content item",
+                    (self.functions_text)(first),
+                )
+            }
+            (Some(_), Some(Standing::Last | Standing::Seen)) if !rerun => {
+                LogRow::already_applied(first)
             }
             (None, _)
-                if replaying.is_none()
-                    && (seen_additive.contains(first.event_id.as_str())
-                        || additive_here.contains(first.event_id.as_str())) =>
+                if event.replaying.is_none()
+                    && (self
+                        .snapshot
+                        .seen_additive
+                        .contains(first.event_id.as_str())
+                        || self.additive_here.contains(first.event_id.as_str())) =>
             {
-                decision.log.push(LogRow::event(
-                    first,
-                    "skipped",
-                    Some("event already applied".into()),
-                    None,
-                    None,
-                ));
-                continue;
+                LogRow::already_applied(first)
             }
-            _ => {}
-        }
+            _ => return false,
+        };
+        self.decision.log.push(row);
+        true
+    }
 
-        // Every objective's change, checked before any is made: an event
-        // applies whole or not at all.
-        let mut planned: Vec<Planned<'a>> = Vec::new();
-        let mut held: Vec<(&'a Outcome, &'a str)> = Vec::new();
-        let mut overflow: Option<String> = None;
-        let mut event_totals: HashMap<ObjectiveKey<'a>, Counters> = HashMap::new();
-        for o in relevant {
-            let objective: ObjectiveKey<'a> = (&o.user_id, &o.award_id, &o.objective_id);
+    /// Every objective's change, checked before any is made; `Err`: why
+    /// the event is refused whole (a counter would overflow).
+    fn plan(&mut self, event: &Event<'a>) -> Result<Plan<'a>, String> {
+        let mut plan = Plan {
+            planned: Vec::new(),
+            held: Vec::new(),
+            totals: HashMap::new(),
+        };
+        for &o in &event.relevant {
+            let objective = ObjectiveKey::of(o);
             let (delta, replacement) = match (&o.effect, o.content_id.as_deref()) {
                 (Effect::Held { reason }, _) => {
-                    held.push((o, reason));
+                    plan.held.push((o, reason));
                     continue;
                 }
                 (Effect::Additive { counters }, _) => (nonzero(counters.clone()), None),
                 (effect, Some(content)) => {
-                    let key: ContentKey<'a> = (&o.user_id, &o.award_id, &o.objective_id, content);
+                    let key = objective.share(content);
                     let next = match effect {
                         Effect::Contribution {
                             counters,
@@ -635,107 +286,101 @@ pub(super) fn decide<'a>(
                     };
                     // An item that never contributed and still doesn't
                     // needs no row.
+                    let view = &self.snapshot.view;
                     if next.counters.is_empty()
                         && next.dedup_key.is_none()
                         && !view.items.contains_key(&key)
                     {
                         continue;
                     }
-                    match view.preview(key, &next) {
-                        Ok(delta) => (delta, Some((key, next))),
-                        Err(counter) => {
-                            overflow = Some(overflow_reason(o, &counter));
-                            break;
-                        }
-                    }
+                    let delta = view
+                        .preview(key, &next)
+                        .map_err(|counter| overflow_reason(o, &counter))?;
+                    (delta, Some((key, next)))
                 }
                 (Effect::Contribution { .. } | Effect::Excluded { .. }, None) => {
                     // Ingest never builds these: a contribution needs an item.
-                    decision.log.push(LogRow::of(
+                    self.decision.log.push(LogRow::rejected(
                         o,
-                        "rejected",
-                        Some("a content contribution without a content_id".into()),
-                        functions_text(o),
+                        "a content contribution without a content_id",
+                        (self.functions_text)(o),
                     ));
                     continue;
                 }
             };
             if !delta.is_empty() {
-                let total = event_totals.entry(objective).or_insert_with(|| {
-                    totals
+                let total = plan.totals.entry(objective).or_insert_with(|| {
+                    self.totals
                         .get(&objective)
-                        .or_else(|| current.get(&objective))
+                        .or_else(|| self.snapshot.totals.get(&objective))
                         .cloned()
                         .unwrap_or_default()
                 });
-                if let Err(counter) = add_checked(total, &delta, 1) {
-                    overflow = Some(overflow_reason(o, &counter));
-                    break;
-                }
+                add_checked(total, &delta, 1).map_err(|counter| overflow_reason(o, &counter))?;
             }
-            planned.push((o, delta, replacement));
+            plan.planned.push((o, delta, replacement));
         }
-        if let Some(reason) = overflow {
-            decision.log.push(LogRow::event(
-                first,
-                "rejected",
-                Some(Cow::Owned(reason.clone())),
-                None,
-                None,
-            ));
-            match replaying {
-                Some(_) => {
-                    decision
-                        .replayed_holds
-                        .insert(first.index, HoldReplay::Held(reason));
-                }
-                None => decision.refused.push((first.index, reason)),
-            }
-            continue;
-        }
+        Ok(plan)
+    }
 
-        // The event is processed: its item's order moves, its id is kept.
-        if let Some((item, order)) = order
-            && matches!(standing, None | Some(Standing::Newer))
+    /// The event changes nothing and is kept whole (or, a replayed hold,
+    /// stays held).
+    fn refuse(&mut self, event: &Event<'a>, reason: String) {
+        let index = event.first.index;
+        self.decision
+            .log
+            .push(LogRow::refused(event.first, reason.clone()));
+        match event.replaying {
+            Some(_) => {
+                self.decision
+                    .replayed_holds
+                    .insert(index, HoldReplay::Held(reason));
+            }
+            None => self.decision.refused.push((index, reason)),
+        }
+    }
+
+    /// The event is processed: its item's order moves, its id is kept, its
+    /// changes are made, its holds kept.
+    fn apply(&mut self, event: &Event<'a>, plan: Plan<'a>) {
+        let first = event.first;
+        if let Some((item, order)) = event.order
+            && matches!(event.standing, None | Some(Standing::Newer))
         {
-            let next = match &last {
+            let next = match &event.last {
                 Some(last) => last.then(order),
                 None => Last::of(order),
             };
-            items.insert(item, next.clone());
-            decision.items.insert(item, next);
-            decision.item_events.insert(item, first.index);
+            self.snapshot.items.insert(item, next.clone());
+            self.decision.items.insert(item, next);
+            self.decision.item_events.insert(item, first.index);
         }
-        if first.content_id.is_none() && replaying.is_none() {
-            additive_here.insert(&first.event_id);
-            decision.newly_applied.insert(&first.event_id);
+        if first.content_id.is_none() && event.replaying.is_none() {
+            self.additive_here.insert(&first.event_id);
+            self.decision.newly_applied.insert(&first.event_id);
         }
-        for (objective, total) in event_totals {
-            totals.insert(objective, total);
-        }
+        self.totals.extend(plan.totals);
 
-        // One log row per event: what it changed, objective by objective.
         let mut changes: Vec<Change<'_>> = Vec::new();
-        for (o, delta, replacement) in planned {
+        for (o, delta, replacement) in plan.planned {
             if let Some((key, next)) = replacement {
-                if let Some(last) = items.get(&(key.0, key.3)) {
-                    decision.reshared.insert((key.0, key.3), last.clone());
+                if let Some(last) = self.snapshot.items.get(&key.item()) {
+                    self.decision.reshared.insert(key.item(), last.clone());
                 }
-                view.replace(key, next);
+                self.snapshot.view.replace(key, next);
             }
             if delta.is_empty() {
                 continue;
             }
-            decision.changed += 1;
-            let objective: ObjectiveKey<'a> = (&o.user_id, &o.award_id, &o.objective_id);
+            self.decision.changed += 1;
             // Cannot overflow: each running total was checked, and the net
             // change is the difference of two of them.
-            let _ = add_checked(net.entry(objective).or_default(), &delta, 1);
+            let _ = add_checked(self.net.entry(ObjectiveKey::of(o)).or_default(), &delta, 1);
             changes.push(Change {
                 award_id: &o.award_id,
                 objective_id: &o.objective_id,
                 delta,
-                functions: functions_text(o),
+                functions: (self.functions_text)(o),
                 excluded_by: match &o.effect {
                     Effect::Excluded { filter } => Some(filter),
                     _ => None,
@@ -743,25 +388,20 @@ pub(super) fn decide<'a>(
             });
         }
         if !changes.is_empty() {
-            let (deltas, versions, excluded) = nested(&mut changes);
-            let mut row = LogRow::event(first, "applied", None, Some(deltas), Some(versions));
-            row.excluded = excluded;
-            decision.log.push(row);
+            self.decision.log.push(LogRow::applied(first, &mut changes));
         }
-        for (o, reason) in held {
-            decision.log.push(LogRow::of(
-                o,
-                "rejected",
-                Some(storable(reason, MAX_REASON_BYTES)),
-                functions_text(o),
-            ));
-            match replaying {
+
+        for (o, reason) in plan.held {
+            self.decision
+                .log
+                .push(LogRow::held(o, reason, (self.functions_text)(o)));
+            match event.replaying {
                 Some(_) => {
-                    decision
+                    self.decision
                         .replayed_holds
                         .insert(first.index, HoldReplay::Held(reason.to_string()));
                 }
-                None => decision.holds.push(Hold {
+                None => self.decision.holds.push(Hold {
                     index: o.index,
                     award_id: &o.award_id,
                     objective_id: &o.objective_id,
@@ -769,33 +409,32 @@ pub(super) fn decide<'a>(
                 }),
             }
         }
-        if replaying.is_some() {
-            decision
+        if event.replaying.is_some() {
+            self.decision
                 .replayed_holds
                 .entry(first.index)
                 .or_insert(HoldReplay::Resolved);
         }
     }
-    // A replayed hold whose objective had nothing to say is resolved too.
-    for index in replaying_holds.keys() {
-        decision
-            .replayed_holds
-            .entry(*index)
-            .or_insert(HoldReplay::Resolved);
-    }
-    for (objective, delta) in net {
-        if nonzero(delta).is_empty() {
-            continue;
-        }
-        let total = totals.remove(&objective).unwrap_or_default();
-        decision.totals.insert(objective, total);
-    }
-    (decision, view)
-}
 
-/// One objective's change within an event, checked, not yet made: the
-/// outcome, the change of its counters, and the item's new contribution.
-type Planned<'a> = (&'a Outcome, Counters, Option<(ContentKey<'a>, Stored<'a>)>);
+    fn finish(mut self) -> (Decision<'a>, Contributions<'a>) {
+        // A replayed hold whose objective had nothing to say is resolved too.
+        for index in self.snapshot.replaying_holds.keys() {
+            self.decision
+                .replayed_holds
+                .entry(*index)
+                .or_insert(HoldReplay::Resolved);
+        }
+        for (objective, delta) in self.net {
+            if nonzero(delta).is_empty() {
+                continue;
+            }
+            let total = self.totals.remove(&objective).unwrap_or_default();
+            self.decision.totals.insert(objective, total);
+        }
+        (self.decision, self.snapshot.view)
+    }
+}
 
 fn overflow_reason(o: &Outcome, counter: &str) -> String {
     format!(
@@ -806,75 +445,25 @@ fn overflow_reason(o: &Outcome, counter: &str) -> String {
     )
 }
 
-impl<'a> LogRow<'a> {
-    fn skip(o: &'a Outcome, reason: &'static str, functions: &'a str) -> LogRow<'a> {
-        LogRow::of(o, "skipped", Some(reason.into()), functions)
-    }
-}
-
-/// What an applied event changed in one objective.
-struct Change<'a> {
-    award_id: &'a str,
-    objective_id: &'a str,
-    delta: Counters,
-    /// The objective's function versions, JSON text.
-    functions: &'a str,
-    /// The filter that now stops the event's content item there.
-    excluded_by: Option<&'a Arc<str>>,
-}
-
-/// An event's changes as JSON objects keyed by award, then objective: the
-/// deltas, the function versions that decided them, and (where a filter
-/// took an item out) the filter.
-fn nested(changes: &mut [Change<'_>]) -> (String, String, Option<String>) {
-    changes.sort_by(|a, b| (a.award_id, a.objective_id).cmp(&(b.award_id, b.objective_id)));
-    let (mut deltas, mut versions) = (ObjectWriter::new(), ObjectWriter::new());
-    let mut excluded: Option<ObjectWriter> = None;
-    for per_award in changes.chunk_by(|a, b| a.award_id == b.award_id) {
-        let (mut award_deltas, mut award_versions) = (ObjectWriter::new(), ObjectWriter::new());
-        let mut award_excluded: Option<ObjectWriter> = None;
-        for change in per_award {
-            push_counters(award_deltas.key(change.objective_id), &change.delta);
-            award_versions
-                .key(change.objective_id)
-                .push_str(change.functions);
-            if let Some(filter) = change.excluded_by {
-                let writer = award_excluded.get_or_insert_with(ObjectWriter::new);
-                push_str(writer.key(change.objective_id), filter);
-            }
-        }
-        let award = per_award[0].award_id;
-        deltas.key(award).push_str(&award_deltas.finish());
-        versions.key(award).push_str(&award_versions.finish());
-        if let Some(award_excluded) = award_excluded {
-            let writer = excluded.get_or_insert_with(ObjectWriter::new);
-            writer.key(award).push_str(&award_excluded.finish());
-        }
-    }
-    (
-        deltas.finish(),
-        versions.finish(),
-        excluded.map(ObjectWriter::finish),
-    )
-}
-
-/// Each objective's function versions as JSON text, once per batch: the
-/// outcomes of one objective share them (keyed by the shared value's
-/// address).
-pub(super) fn function_texts(outcomes: &[Outcome]) -> HashMap<usize, String> {
-    let mut texts = HashMap::new();
-    for o in outcomes {
-        texts
-            .entry(Arc::as_ptr(&o.functions) as usize)
-            .or_insert_with(|| o.functions.to_string());
-    }
-    texts
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use chrono::{DateTime, Utc};
+    use serde_json::{Value, json};
+    use std::sync::Arc;
+
+    const PHOTO: ItemKey<'static> = ItemKey {
+        user: "u",
+        content: "photo-1",
+    };
+
+    fn objective(objective: &'static str) -> ObjectiveKey<'static> {
+        ObjectiveKey {
+            user: "u",
+            award: "a",
+            objective,
+        }
+    }
 
     fn at(second: u32) -> DateTime<Utc> {
         format!("2026-12-01T10:00:{second:02}Z").parse().unwrap()
@@ -932,7 +521,7 @@ mod tests {
         decision
             .totals
             .iter()
-            .map(|((_, _, o), c)| (o.to_string(), c.clone()))
+            .map(|(k, c)| (k.objective.to_string(), c.clone()))
             .collect()
     }
 
@@ -1026,7 +615,7 @@ mod tests {
             // offset 10, the new one at 11.
             let mut snapshot = at_offsets(&[11]);
             snapshot.items.insert(
-                ("u", "photo-1"),
+                PHOTO,
                 Last::of(Order {
                     occurred_at: at(5),
                     event_id: first_id,
@@ -1039,10 +628,12 @@ mod tests {
                 }),
             );
             let share: &'static Value = Box::leak(Box::new(json!({"c": {"approved": 1}})));
-            snapshot.view.load(("u", "a", "photo", "photo-1"), share);
+            snapshot
+                .view
+                .load(objective("photo").share("photo-1"), share);
             snapshot
                 .totals
-                .insert(("u", "a", "photo"), counters(&[("approved", 1)]));
+                .insert(objective("photo"), counters(&[("approved", 1)]));
             let batch = [status(0, second_id, 5, "photo", &[("blocked", 1)])];
             let decision = run(snapshot, &batch);
             assert_eq!(
@@ -1075,10 +666,9 @@ mod tests {
             );
             // And in a later batch, from what the item keeps.
             let mut snapshot = at_offsets(&[12]);
-            snapshot.items.insert(
-                ("u", "photo-1"),
-                decision.items.values().next().unwrap().clone(),
-            );
+            snapshot
+                .items
+                .insert(PHOTO, decision.items.values().next().unwrap().clone());
             let batch = [status(0, first_id, 5, "photo", &[("approved", 1)])];
             let decision = run(snapshot, &batch);
             assert!(decision.totals.is_empty());
@@ -1093,7 +683,7 @@ mod tests {
         for (held_id, later_id) in [("evt-1", "evt-2"), ("evt-2", "evt-1")] {
             let mut snapshot = at_offsets(&[10]);
             snapshot.items.insert(
-                ("u", "photo-1"),
+                PHOTO,
                 Last {
                     order: Order {
                         occurred_at: at(5),
@@ -1191,7 +781,7 @@ mod tests {
     fn redelivery_after_a_newer_event_with_the_same_time_changes_nothing() {
         let mut snapshot = Snapshot::default();
         snapshot.items.insert(
-            ("u", "photo-1"),
+            PHOTO,
             Last::of(Order {
                 occurred_at: at(5),
                 event_id: "evt-2",
@@ -1236,7 +826,7 @@ mod tests {
         let mut snapshot = Snapshot::default();
         snapshot
             .totals
-            .insert(("u", "a", "navi"), counters(&[("n", i64::MAX - 10)]));
+            .insert(objective("navi"), counters(&[("n", i64::MAX - 10)]));
         let batch = [
             adding(0, "e1", "navi", 5),
             // Two objectives: one would overflow, so neither applies.
@@ -1317,7 +907,7 @@ mod tests {
         let mut snapshot = Snapshot::default();
         // The event was processed: another objective applied it.
         snapshot.items.insert(
-            ("u", "photo-1"),
+            PHOTO,
             Last::of(Order {
                 occurred_at: at(1),
                 event_id: "e1",
@@ -1352,7 +942,7 @@ mod tests {
     fn a_replayed_hold_superseded_by_a_newer_event_is_resolved_without_change() {
         let mut snapshot = Snapshot::default();
         snapshot.items.insert(
-            ("u", "photo-1"),
+            PHOTO,
             Last::of(Order {
                 occurred_at: at(9),
                 event_id: "e9",
@@ -1373,7 +963,7 @@ mod tests {
     fn a_replayed_hold_at_the_items_order_rewrites_its_shares() {
         let mut snapshot = Snapshot::default();
         snapshot.items.insert(
-            ("u", "photo-1"),
+            PHOTO,
             Last::of(Order {
                 occurred_at: at(1),
                 event_id: "e1",
@@ -1386,10 +976,7 @@ mod tests {
         // The order stays; the item's shares must still be written, or its
         // next event would take the difference from the old ones.
         assert!(decision.items.is_empty());
-        assert_eq!(
-            decision.reshared.keys().collect::<Vec<_>>(),
-            [&("u", "photo-1")]
-        );
+        assert_eq!(decision.reshared.keys().collect::<Vec<_>>(), [&PHOTO]);
     }
 
     #[test]
@@ -1400,7 +987,7 @@ mod tests {
                 ..Snapshot::default()
             };
             snapshot.items.insert(
-                ("u", "photo-1"),
+                PHOTO,
                 Last::of(Order {
                     occurred_at: at(1),
                     event_id: "e1",
@@ -1416,23 +1003,20 @@ mod tests {
             vec![("new".into(), counters(&[("approved", 1)]))]
         );
         assert!(decision.items.is_empty());
-        assert_eq!(
-            decision.reshared.keys().collect::<Vec<_>>(),
-            [&("u", "photo-1")]
-        );
+        assert_eq!(decision.reshared.keys().collect::<Vec<_>>(), [&PHOTO]);
         assert!(decision.holds.is_empty());
 
         // Twice: the share is there, so nothing moves.
         let mut again = last();
         let share: &'static Value = Box::leak(Box::new(json!({"c": {"approved": 1}})));
-        again.view.load(("u", "a", "new", "photo-1"), share);
+        again.view.load(objective("new").share("photo-1"), share);
         let decision = run(again, &batch);
         assert!(decision.totals.is_empty());
 
         // An older event than the item's last: a newer one decided it.
         let mut newer = last();
         newer.items.insert(
-            ("u", "photo-1"),
+            PHOTO,
             Last::of(Order {
                 occurred_at: at(5),
                 event_id: "e5",
@@ -1474,11 +1058,5 @@ mod tests {
             &counters(&[("count", 1)])
         );
         assert_eq!(view.rekeyed.len(), 2);
-    }
-
-    #[test]
-    fn storable_text_has_no_nul() {
-        assert_eq!(storable("ok", 10), Cow::Borrowed("ok"));
-        assert_eq!(storable("a\u{0}", 10).as_ref(), "a\\u{0}");
     }
 }

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use wasmtime::Store;
-use wasmtime::component::{ResourceAny, TypedFunc};
+use wasmtime::component::ResourceAny;
 
 use crate::metrics;
 
@@ -28,14 +28,11 @@ trait World: Sized + Send + Sync {
     ) -> wasmtime::Result<Result<ResourceAny, String>>;
 }
 
-/// `filter-scope`'s `event-types: func(config: string) -> option<list<string>>`.
-type EventTypes = TypedFunc<(String,), (Option<Vec<String>>,)>;
-
-/// A filter's bindings, and its `filter-scope` export if it has one (a
+/// A filter's exports: `filters`, and `filter-scope` if it has it (a
 /// filter built before `filter-scope` existed does not).
 struct FilterWorld {
-    bindings: bindings::filter::Filter,
-    event_types: Option<EventTypes>,
+    filters: bindings::filters::Guest,
+    scope: Option<bindings::filter_scope::Guest>,
 }
 
 impl World for FilterWorld {
@@ -43,17 +40,14 @@ impl World for FilterWorld {
         let Pre::Filter(pre) = pre else {
             unreachable!("a filter instance is only made from a filter")
         };
-        let instance = pre.instance_pre().instantiate(&mut *store)?;
-        let bindings = bindings::filter::Filter::new(&mut *store, &instance)?;
-        let event_types = optional_export(
-            &instance,
-            store,
-            bindings::FILTER_SCOPE_EXPORT,
-            "event-types",
-        )?;
+        let instance = pre.pre.instantiate(&mut *store)?;
         Ok(FilterWorld {
-            bindings,
-            event_types,
+            filters: pre.required.load(&mut *store, &instance)?,
+            scope: pre
+                .optional
+                .as_ref()
+                .map(|scope| scope.load(&mut *store, &instance))
+                .transpose()?,
         })
     }
 
@@ -62,10 +56,7 @@ impl World for FilterWorld {
         store: &mut Store<GuestState>,
         config: &str,
     ) -> wasmtime::Result<Result<ResourceAny, String>> {
-        self.bindings
-            .laurel_award_filters()
-            .filter()
-            .call_create(store, config)
+        self.filters.filter().call_create(store, config)
     }
 }
 
@@ -86,27 +77,15 @@ impl World for bindings::rule::Rule {
     }
 }
 
-type TransformBatch = bindings::transform::exports::laurel::award::transforms::RecordBatch;
+/// What one record of a batch became (a record that made no event has
+/// none): `transform-scope`'s `answer`.
+pub use bindings::transform_scope::Answer;
 
-/// `transform-scope`'s `apply-for-types`.
-type ApplyForTypes = TypedFunc<(ResourceAny, TransformBatch, Option<Vec<String>>), (Vec<Answer>,)>;
-
-/// `transform-scope`'s `answer`: what one record of a batch became (a
-/// record that made no event has none).
-#[derive(wasmtime::component::ComponentType, wasmtime::component::Lift, Debug)]
-#[component(record)]
-pub struct Answer {
-    /// The record's place in the batch.
-    pub index: u32,
-    /// The events it made (one or more), or why it is malformed.
-    pub events: Result<Vec<Transformed>, String>,
-}
-
-/// A transform's bindings, and its `transform-scope` export if it has one
-/// (a transform built before `transform-scope` existed does not).
+/// A transform's exports: `transforms`, and `transform-scope` if it has
+/// it (a transform built before `transform-scope` existed does not).
 struct TransformWorld {
-    bindings: bindings::transform::Transform,
-    apply_for_types: Option<ApplyForTypes>,
+    transforms: bindings::transforms::Guest,
+    scope: Option<bindings::transform_scope::Guest>,
 }
 
 impl World for TransformWorld {
@@ -114,17 +93,14 @@ impl World for TransformWorld {
         let Pre::Transform(pre) = pre else {
             unreachable!("a transform instance is only made from a transform")
         };
-        let instance = pre.instance_pre().instantiate(&mut *store)?;
-        let bindings = bindings::transform::Transform::new(&mut *store, &instance)?;
-        let apply_for_types = optional_export(
-            &instance,
-            store,
-            bindings::TRANSFORM_SCOPE_EXPORT,
-            "apply-for-types",
-        )?;
+        let instance = pre.pre.instantiate(&mut *store)?;
         Ok(TransformWorld {
-            bindings,
-            apply_for_types,
+            transforms: pre.required.load(&mut *store, &instance)?,
+            scope: pre
+                .optional
+                .as_ref()
+                .map(|scope| scope.load(&mut *store, &instance))
+                .transpose()?,
         })
     }
 
@@ -133,32 +109,8 @@ impl World for TransformWorld {
         store: &mut Store<GuestState>,
         config: &str,
     ) -> wasmtime::Result<Result<ResourceAny, String>> {
-        self.bindings
-            .laurel_award_transforms()
-            .transform()
-            .call_create(store, config)
+        self.transforms.transform().call_create(store, config)
     }
-}
-
-/// The function `name` of the optional exported interface `interface`, if
-/// the component has the interface (then it must have the function).
-fn optional_export<P, R>(
-    instance: &wasmtime::component::Instance,
-    store: &mut Store<GuestState>,
-    interface: &str,
-    name: &str,
-) -> wasmtime::Result<Option<TypedFunc<P, R>>>
-where
-    P: wasmtime::component::ComponentNamedList + wasmtime::component::Lower,
-    R: wasmtime::component::ComponentNamedList + wasmtime::component::Lift,
-{
-    let Some(exported) = instance.get_export_index(&mut *store, None, interface) else {
-        return Ok(None);
-    };
-    let function = instance
-        .get_export_index(&mut *store, Some(&exported), name)
-        .ok_or_else(|| wasmtime::format_err!("{interface} has no function {name}"))?;
-    Ok(Some(instance.get_typed_func(&mut *store, function)?))
 }
 
 impl World for bindings::strategy::Strategy {
@@ -458,16 +410,11 @@ impl FilterInstance {
     /// config the function rejects is [`FunctionError::Config`].
     pub fn new(function: Arc<Function>, config: &str) -> Result<FilterInstance, FunctionError> {
         let mut slot: Slot<FilterWorld> = Slot::new(function, config)?;
-        let sources = slot.run(|world, store, resource| {
-            world
-                .bindings
-                .laurel_award_filters()
-                .filter()
-                .call_sources(store, resource)
-        })?;
+        let sources = slot
+            .run(|world, store, resource| world.filters.filter().call_sources(store, resource))?;
         let config = slot.config.clone();
-        let event_types = slot.run(move |world, store, _| match &world.event_types {
-            Some(event_types) => event_types.call(store, (config,)).map(|(types,)| types),
+        let event_types = slot.run(move |world, store, _| match &world.scope {
+            Some(scope) => scope.call_event_types(store, &config),
             None => Ok(None),
         })?;
         Ok(FilterInstance {
@@ -499,11 +446,7 @@ impl FilterInstance {
     ) -> Result<Vec<bool>, FunctionError> {
         let (batch, count) = self.slot.pack(events)?;
         let answers = self.slot.run(|world, store, resource| {
-            world
-                .bindings
-                .laurel_award_filters()
-                .filter()
-                .call_matches(store, resource, &batch)
+            world.filters.filter().call_matches(store, resource, &batch)
         })?;
         if answers.len() != count {
             return Err(self
@@ -742,20 +685,15 @@ impl TransformInstance {
         let batch = records.batch();
         let count = records.len();
         let answers = self.slot.run(move |world, store, resource| {
-            match (&world.apply_for_types, types) {
-                // Lent, not copied: the batch crosses into the guest's
-                // memory from where it was packed.
-                (Some(scoped), Some(types)) => scoped
-                    .func()
-                    .typed::<(ResourceAny, &TransformBatch, Option<&[String]>), (Vec<Answer>,)>(
-                        &*store,
-                    )?
-                    .call(store, (resource, batch, Some(&types)))
-                    .map(|(answers,)| Ok(answers)),
+            // Lent, not copied: the batch crosses into the guest's memory
+            // from where it was packed.
+            match (&world.scope, types) {
+                (Some(scope), Some(types)) => scope
+                    .call_apply_for_types(store, resource, batch, Some(&types))
+                    .map(Ok),
                 // One without `transform-scope` answers every record.
                 _ => world
-                    .bindings
-                    .laurel_award_transforms()
+                    .transforms
                     .transform()
                     .call_apply(store, resource, batch)
                     .map(|every| sparse(every, count)),

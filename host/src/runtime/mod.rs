@@ -422,16 +422,28 @@ impl Runtime {
             .instantiate_pre(&component)
             .map_err(link_error)?;
         let pre = match kind {
-            FunctionKind::Filter => {
-                Pre::Filter(bindings::filter::FilterPre::new(pre).map_err(link_error)?)
-            }
+            FunctionKind::Filter => Pre::Filter(
+                bindings::Scoped::new(
+                    pre,
+                    bindings::filters::GuestIndices::new,
+                    bindings::FILTER_SCOPE_EXPORT,
+                    bindings::filter_scope::GuestIndices::new,
+                )
+                .map_err(link_error)?,
+            ),
             FunctionKind::Rule => Pre::Rule(bindings::rule::RulePre::new(pre).map_err(link_error)?),
             FunctionKind::Strategy => {
                 Pre::Strategy(bindings::strategy::StrategyPre::new(pre).map_err(link_error)?)
             }
-            FunctionKind::Transform => {
-                Pre::Transform(bindings::transform::TransformPre::new(pre).map_err(link_error)?)
-            }
+            FunctionKind::Transform => Pre::Transform(
+                bindings::Scoped::new(
+                    pre,
+                    bindings::transforms::GuestIndices::new,
+                    bindings::TRANSFORM_SCOPE_EXPORT,
+                    bindings::transform_scope::GuestIndices::new,
+                )
+                .map_err(link_error)?,
+            ),
             FunctionKind::Http => return Err(http()),
         };
         Ok(Arc::new(Function {
@@ -491,10 +503,22 @@ fn kind_of(name: &str, component: &Component, engine: &Engine) -> Result<Functio
 }
 
 enum Pre {
-    Filter(bindings::filter::FilterPre<GuestState>),
+    Filter(
+        bindings::Scoped<
+            bindings::filters::GuestIndices,
+            bindings::filter_scope::GuestIndices,
+            GuestState,
+        >,
+    ),
     Rule(bindings::rule::RulePre<GuestState>),
     Strategy(bindings::strategy::StrategyPre<GuestState>),
-    Transform(bindings::transform::TransformPre<GuestState>),
+    Transform(
+        bindings::Scoped<
+            bindings::transforms::GuestIndices,
+            bindings::transform_scope::GuestIndices,
+            GuestState,
+        >,
+    ),
 }
 
 /// One loaded component version: compiled, linked, ready to instantiate.

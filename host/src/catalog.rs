@@ -56,10 +56,7 @@ impl Catalog {
                 };
                 // A connection lost meanwhile (PostgreSQL restarted) is
                 // made again here; the resync timer retries a failure.
-                let reloaded = match store.heal().await {
-                    Ok(_) => catalog.reload(&store).await,
-                    Err(error) => Err(error),
-                };
+                let reloaded = async { catalog.reload(store.healed().await?).await }.await;
                 if let Err(error) = reloaded {
                     warn!(message = "Failed to reload award definitions; retrying at the next notification or resync.", %error);
                 }

@@ -100,10 +100,9 @@ impl Registry {
                     }
                     _ = resync.tick() => {}
                     Some(quarantine) = quarantines.recv() => {
-                        let recorded = match store.heal().await {
-                            Ok(_) => store.quarantine_function(&quarantine.name, quarantine.version, &quarantine.reason).await,
-                            Err(error) => Err(error),
-                        };
+                        let recorded = async {
+                            store.healed().await?.quarantine_function(&quarantine.name, quarantine.version, &quarantine.reason).await
+                        }.await;
                         if let Err(error) = recorded {
                             error!(message = "Failed to record a quarantine.", function = %quarantine.name, %error);
                         }
@@ -117,10 +116,7 @@ impl Registry {
                 while let Ok(Some(_)) | Ok(None) = notifications.try_recv() {}
                 // A connection lost meanwhile (PostgreSQL restarted) is
                 // made again here; the resync timer retries a failure.
-                let synced = match store.heal().await {
-                    Ok(_) => registry.sync(&store).await,
-                    Err(error) => Err(error.into()),
-                };
+                let synced = async { registry.sync(store.healed().await?).await }.await;
                 if let Err(error) = synced {
                     warn!(message = "Failed to reload functions; retrying at the next notification or resync.", %error);
                 }

@@ -22,10 +22,11 @@ use crate::kafka::{
     self, ConsumerSettings, DeadLetters, FIRST_WAIT, GroupReader, NextBatch, Offsets, OwnedRecord,
 };
 use crate::metrics;
-use crate::objectives::{Plan, check_message, raw_event_id, recorded_awards, skipped};
+use crate::objectives::{Evaluation, Plan, check_message, raw_event_id, recorded_awards, skipped};
 use crate::registry::Registry;
 use crate::store::{
-    self, Batch, DeadEvent, LogEntry, Message as StoredMessage, SourceRow, Store, StoreError,
+    self, Applied, Batch, DeadEvent, LogEntry, Message as StoredMessage, SourceRow, Store,
+    StoreError,
 };
 use crate::supervise::{self, Supervised};
 
@@ -181,10 +182,7 @@ pub async fn run(
 async fn read_sources(
     mut store: Store,
 ) -> (Store, Result<Vec<supervise::Wanted<SourceRow>>, StoreError>) {
-    let read = match store.heal().await {
-        Ok(_) => store.sources().await,
-        Err(error) => Err(error),
-    };
+    let read = async { store.healed().await?.sources().await }.await;
     let wanted = read.map(|sources| {
         sources
             .into_iter()
@@ -297,96 +295,26 @@ impl SourceConsumer {
         )
     }
 
+    /// A batch: decoded, its banned and deleted users' events skipped,
+    /// evaluated, applied in one transaction, its dead letters published,
+    /// and only then its offsets committed.
     async fn process(
         &mut self,
         batch: &[OwnedRecord],
         stop: &watch::Receiver<bool>,
     ) -> anyhow::Result<()> {
-        let messages: Vec<StoredMessage<'_>> = batch
-            .iter()
-            .map(|m| StoredMessage {
-                topic: m.topic(),
-                partition: m.partition(),
-                offset: m.offset(),
-                key: m.key(),
-                value: m.payload(),
-                place: m
-                    .header(store::PLACE_HEADER)
-                    .and_then(|place| std::str::from_utf8(place).ok()),
-            })
-            .collect();
+        let messages = stored_messages(batch);
+        let (mut admitted, dead) = self.decode_all(batch);
         let mut log: Vec<LogEntry> = Vec::new();
-        let mut dead: Vec<DeadEvent> = Vec::new();
-        let mut admitted: Vec<(usize, Envelope)> = Vec::new();
-        for (index, message) in batch.iter().enumerate() {
-            match self.decode(message) {
-                Ok(envelope) => admitted.push((index, envelope)),
-                Err(reason) => dead.push(DeadEvent {
-                    index,
-                    event_id: raw_event_id(message.payload(), self.shared.settings.max_event_bytes),
-                    user_id: message
-                        .key()
-                        .map(|k| String::from_utf8_lossy(k).into_owned()),
-                    reason,
-                }),
-            }
-        }
-        // Who gets no progress.
-        let excluded = if admitted.is_empty() {
-            HashMap::new()
-        } else {
-            let users = || admitted.iter().map(|(_, e)| e.user_id.as_str());
-            let mut retry = Retry::new(&self.source.name);
-            loop {
-                let result = match self.store.heal().await {
-                    Ok(_) => self.store.excluded_users(users()).await,
-                    Err(error) => Err(error),
-                };
-                match result {
-                    Ok(excluded) => {
-                        retry.succeeded();
-                        break excluded;
-                    }
-                    Err(error) => retry.wait(error, stop).await?,
-                }
-            }
-        };
+        let excluded = self.excluded_users(&admitted, stop).await?;
         admitted.retain(|(index, envelope)| !skipped(*index, envelope, &excluded, &mut log));
 
-        // The objectives, rebuilt when awards or functions changed.
-        let generation = (
-            self.shared.catalog.generation(),
-            self.shared.registry.generation(),
-        );
-        if self.plan.is_none() || generation != self.plan_generation {
-            let (source, awards, registry) = (
-                self.source.name.clone(),
-                self.shared.catalog.awards(),
-                self.shared.registry.clone(),
-            );
-            let plan =
-                tokio::task::spawn_blocking(move || Plan::build(&source, &awards, &registry))
-                    .await?;
-            info!(message = "Objectives planned.", source = %self.source.name, objectives = plan.objective_count(), unbound = plan.unbound.len());
-            self.plan = Some(plan);
-            self.recorded = recorded_awards(&self.shared.catalog.awards());
-            self.plan_generation = generation;
-        }
-        let mut plan = self.plan.take().expect("planned above");
-        // Batch positions stay here; the envelopes move to the blocking thread.
-        let (indexes, envelopes): (Vec<usize>, Vec<Envelope>) = admitted.into_iter().unzip();
+        self.plan_again_if_changed().await?;
         let evaluating = std::time::Instant::now();
-        let (plan, evaluation) = tokio::task::spawn_blocking(move || {
-            let evaluation = plan.evaluate(&envelopes, &indexes);
-            (plan, evaluation)
-        })
-        .await?;
+        let evaluation = self.evaluate(admitted).await?;
         let evaluate_us = evaluating.elapsed().as_micros() as u64;
-        self.plan = Some(plan);
         log.extend(evaluation.log);
 
-        // One transaction (split only to find an event PostgreSQL refuses);
-        // retried while the database is away.
         let input = Batch {
             source: &self.source.name,
             messages: &messages,
@@ -398,60 +326,19 @@ impl SourceConsumer {
             recorded: &self.recorded,
         };
         let applying = std::time::Instant::now();
-        let mut retry = Retry::new(&self.source.name);
-        let (applied, refused) = loop {
-            let result = match self.store.heal().await {
-                Ok(_) => self.store.apply_isolating(&input).await,
-                Err(error) => Err(error),
-            };
-            match result {
-                Ok(done) => {
-                    retry.succeeded();
-                    break done;
-                }
-                Err(error) => retry.wait(error, stop).await?,
-            }
-        };
+        let (applied, refused) = apply(&mut self.store, &input, stop).await?;
+        let dead_lettered = publish_dead_letters(
+            &self.shared,
+            &self.source,
+            batch,
+            &dead,
+            &refused,
+            &applied,
+            stop,
+        )
+        .await?;
 
-        // Whole events that could not be applied: the dead-letter topic,
-        // before the offsets (they are kept in the database already).
-        let mut letters: Vec<(usize, &str)> =
-            dead.iter().map(|d| (d.index, d.reason.as_str())).collect();
-        letters.extend(refused.iter().map(|d| (d.index, d.reason.as_str())));
-        letters.extend(
-            applied
-                .refused
-                .iter()
-                .map(|(index, reason)| (*index, reason.as_str())),
-        );
-        letters.sort_by_key(|(index, _)| *index);
-        // At once: each waits for its acknowledgement.
-        let publishing = letters.iter().map(|(index, reason)| {
-            publish_dead_letter(&self.shared, &self.source, &batch[*index], reason, stop)
-        });
-        for published in futures_util::future::join_all(publishing).await {
-            published?;
-        }
-
-        let source = [("source", self.source.name.as_str())];
-        metrics::add(
-            metrics::EVENTS_APPLIED,
-            &source,
-            (batch.len() - letters.len()) as u64,
-        );
-        metrics::add(metrics::EVENTS_DEAD_LETTERED, &source, letters.len() as u64);
-        for ((award, objective), n) in &applied.held {
-            metrics::add(
-                metrics::EVENTS_HELD,
-                &[
-                    ("source", self.source.name.as_str()),
-                    ("award", award.as_str()),
-                    ("objective", objective.as_str()),
-                ],
-                *n,
-            );
-            warn!(message = "Events held for an objective that cannot apply them.", source = %self.source.name, award = %award, objective = %objective, events = n);
-        }
+        self.count(batch.len(), dead_lettered, &applied);
         debug!(
             message = "Batch applied.",
             source = %self.source.name,
@@ -471,6 +358,181 @@ impl SourceConsumer {
         }
         Ok(())
     }
+
+    /// The batch's events, by batch index; the messages that are none,
+    /// with why.
+    fn decode_all(&self, batch: &[OwnedRecord]) -> (Vec<(usize, Envelope)>, Vec<DeadEvent>) {
+        let mut dead: Vec<DeadEvent> = Vec::new();
+        let mut admitted: Vec<(usize, Envelope)> = Vec::new();
+        for (index, message) in batch.iter().enumerate() {
+            match self.decode(message) {
+                Ok(envelope) => admitted.push((index, envelope)),
+                Err(reason) => dead.push(DeadEvent {
+                    index,
+                    event_id: raw_event_id(message.payload(), self.shared.settings.max_event_bytes),
+                    user_id: message
+                        .key()
+                        .map(|k| String::from_utf8_lossy(k).into_owned()),
+                    reason,
+                }),
+            }
+        }
+        (admitted, dead)
+    }
+
+    /// Who of the events' users gets no progress (banned, deleted), read
+    /// again while PostgreSQL is away.
+    async fn excluded_users(
+        &mut self,
+        admitted: &[(usize, Envelope)],
+        stop: &watch::Receiver<bool>,
+    ) -> anyhow::Result<HashMap<String, String>> {
+        if admitted.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let users = || admitted.iter().map(|(_, e)| e.user_id.as_str());
+        let mut retry = Retry::new(&self.source.name);
+        loop {
+            let result = async { self.store.healed().await?.excluded_users(users()).await }.await;
+            match result {
+                Ok(excluded) => {
+                    retry.succeeded();
+                    return Ok(excluded);
+                }
+                Err(error) => retry.wait(error, stop).await?,
+            }
+        }
+    }
+
+    /// The objectives, built again when awards or functions changed.
+    async fn plan_again_if_changed(&mut self) -> anyhow::Result<()> {
+        let generation = (
+            self.shared.catalog.generation(),
+            self.shared.registry.generation(),
+        );
+        if self.plan.is_some() && generation == self.plan_generation {
+            return Ok(());
+        }
+        let (source, awards, registry) = (
+            self.source.name.clone(),
+            self.shared.catalog.awards(),
+            self.shared.registry.clone(),
+        );
+        let plan =
+            tokio::task::spawn_blocking(move || Plan::build(&source, &awards, &registry)).await?;
+        info!(message = "Objectives planned.", source = %self.source.name, objectives = plan.objective_count(), unbound = plan.unbound.len());
+        self.plan = Some(plan);
+        self.recorded = recorded_awards(&self.shared.catalog.awards());
+        self.plan_generation = generation;
+        Ok(())
+    }
+
+    /// The events through every objective's filters and rule, on a
+    /// blocking thread (guests run there).
+    async fn evaluate(&mut self, admitted: Vec<(usize, Envelope)>) -> anyhow::Result<Evaluation> {
+        let mut plan = self.plan.take().expect("planned before evaluating");
+        // Batch positions stay here; the envelopes move to the blocking thread.
+        let (indexes, envelopes): (Vec<usize>, Vec<Envelope>) = admitted.into_iter().unzip();
+        let (plan, evaluation) = tokio::task::spawn_blocking(move || {
+            let evaluation = plan.evaluate(&envelopes, &indexes);
+            (plan, evaluation)
+        })
+        .await?;
+        self.plan = Some(plan);
+        Ok(evaluation)
+    }
+
+    /// The batch in the metrics; held events also said in the log.
+    fn count(&self, events: usize, dead_lettered: usize, applied: &Applied) {
+        let source = [("source", self.source.name.as_str())];
+        metrics::add(
+            metrics::EVENTS_APPLIED,
+            &source,
+            (events - dead_lettered) as u64,
+        );
+        metrics::add(metrics::EVENTS_DEAD_LETTERED, &source, dead_lettered as u64);
+        for ((award, objective), n) in &applied.held {
+            metrics::add(
+                metrics::EVENTS_HELD,
+                &[
+                    ("source", self.source.name.as_str()),
+                    ("award", award.as_str()),
+                    ("objective", objective.as_str()),
+                ],
+                *n,
+            );
+            warn!(message = "Events held for an objective that cannot apply them.", source = %self.source.name, award = %award, objective = %objective, events = n);
+        }
+    }
+}
+
+/// Whole events that could not be applied, to the dead-letter topic
+/// (before the offsets; they are kept in the database already).
+/// Returns how many.
+async fn publish_dead_letters(
+    shared: &Shared,
+    source: &SourceRow,
+    batch: &[OwnedRecord],
+    dead: &[DeadEvent],
+    refused: &[DeadEvent],
+    applied: &Applied,
+    stop: &watch::Receiver<bool>,
+) -> anyhow::Result<usize> {
+    let mut letters: Vec<(usize, &str)> =
+        dead.iter().map(|d| (d.index, d.reason.as_str())).collect();
+    letters.extend(refused.iter().map(|d| (d.index, d.reason.as_str())));
+    letters.extend(
+        applied
+            .refused
+            .iter()
+            .map(|(index, reason)| (*index, reason.as_str())),
+    );
+    letters.sort_by_key(|(index, _)| *index);
+    // At once: each waits for its acknowledgement.
+    let publishing = letters
+        .iter()
+        .map(|(index, reason)| publish_dead_letter(shared, source, &batch[*index], reason, stop));
+    for published in futures_util::future::join_all(publishing).await {
+        published?;
+    }
+    Ok(letters.len())
+}
+
+/// One transaction (split only to find an event PostgreSQL refuses),
+/// retried while the database is away.
+async fn apply(
+    store: &mut Store,
+    input: &Batch<'_>,
+    stop: &watch::Receiver<bool>,
+) -> anyhow::Result<(Applied, Vec<DeadEvent>)> {
+    let mut retry = Retry::new(input.source);
+    loop {
+        let result = async { store.healed().await?.apply_isolating(input).await }.await;
+        match result {
+            Ok(done) => {
+                retry.succeeded();
+                return Ok(done);
+            }
+            Err(error) => retry.wait(error, stop).await?,
+        }
+    }
+}
+
+/// The batch's messages as a dead letter keeps them.
+fn stored_messages(batch: &[OwnedRecord]) -> Vec<StoredMessage<'_>> {
+    batch
+        .iter()
+        .map(|m| StoredMessage {
+            topic: m.topic(),
+            partition: m.partition(),
+            offset: m.offset(),
+            key: m.key(),
+            value: m.payload(),
+            place: m
+                .header(store::PLACE_HEADER)
+                .and_then(|place| std::str::from_utf8(place).ok()),
+        })
+        .collect()
 }
 
 /// Publishes one dead letter, retrying while the broker is away.

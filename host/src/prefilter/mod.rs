@@ -128,8 +128,7 @@ async fn read_pipelines(
     Result<Vec<supervise::Wanted<(PipelineRow, String)>>, store::StoreError>,
 ) {
     let read = async {
-        store.heal().await?;
-        let pipelines = store.pipelines().await?;
+        let pipelines = store.healed().await?.pipelines().await?;
         let sources = store.sources().await?;
         Ok::<_, store::StoreError>((pipelines, sources))
     };

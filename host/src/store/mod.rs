@@ -247,6 +247,13 @@ impl Store {
         Ok(true)
     }
 
+    /// This store, its connection made again first if it was lost
+    /// (PostgreSQL restarted): `store.healed().await?.call()`.
+    pub async fn healed(&mut self) -> Result<&mut Store, StoreError> {
+        self.heal().await?;
+        Ok(self)
+    }
+
     pub(crate) fn client(&self) -> &Client {
         &self.client
     }

@@ -959,6 +959,14 @@ pub(super) async fn pipelines(
                 "replayed {} dead letters of pipeline {name} from {} to {}",
                 report.replayed, report.dead_topic, pipeline.input_topic
             );
+            if report.unsigned > 0 {
+                println!(
+                    "  {} of them not dead-lettered by Laurel (no valid {}): put back as new records, read at their new position by every pipeline of {}",
+                    report.unsigned,
+                    crate::replay::raw::DEAD_SIGNATURE_HEADER,
+                    pipeline.input_topic
+                );
+            }
             if report.other_pipelines > 0 {
                 println!(
                     "  {} dead letters of other pipelines of {} left alone",

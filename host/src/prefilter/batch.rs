@@ -6,7 +6,7 @@
 
 use super::origin_in;
 use crate::kafka::{OwnedRecord, ReadBatch, Record};
-use crate::replay::raw::{ORIGIN_HEADER, REPLAY_FOR_HEADER, ReplayKey, SIGNATURE_HEADER};
+use crate::replay::raw::{Mark, ORIGIN_HEADER, REPLAY_FOR_HEADER, ReplayKey, SIGNATURE_HEADER};
 use crate::runtime::{PackedRecords, RawRecord};
 
 /// What became of a message the transform does not read.
@@ -190,7 +190,15 @@ impl ReadBatch for RawBatch {
         ) {
             (None, None, None) => None,
             (Some(pipeline), Some(origin), Some(signature))
-                if self.key.verifies(pipeline, origin, signature) =>
+                if record.payload().is_some_and(|value| {
+                    let mark = Mark {
+                        pipeline,
+                        origin,
+                        key: record.key(),
+                        value,
+                    };
+                    self.key.verifies(mark, signature)
+                }) =>
             {
                 Some((pipeline, origin))
             }

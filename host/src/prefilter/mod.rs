@@ -50,7 +50,7 @@ use crate::kafka::{
 use crate::metrics;
 use crate::objectives::{Plan, Verdict};
 use crate::registry::{Binding, Registry};
-use crate::replay::raw::ReplayKey;
+use crate::replay::raw::{DEAD_SIGNATURE_HEADER, Mark, ReplayKey};
 use crate::runtime::{Answer, FunctionError, PackedRecords, TransformInstance, Transformed};
 use crate::store::{self, PipelineRow, Store};
 use crate::supervise::{self, Supervised};
@@ -657,13 +657,27 @@ async fn dead_letter(
     let topic = kafka::dead_topic(&pipeline.input_topic);
     let reason = crate::text::printable(reason, 4096);
     let (partition, offset) = (letter.origin.0.to_string(), letter.origin.1.to_string());
-    let headers = [
+    // Issued here, where the record is Laurel's to dead-letter: a replay
+    // honours the origin only of a record this signature covers.
+    let signature = letter.value.map(|value| {
+        let origin = format!("{partition}/{offset}");
+        shared.replay_key.sign(Mark {
+            pipeline: pipeline.name.as_bytes(),
+            origin: origin.as_bytes(),
+            key: letter.key,
+            value,
+        })
+    });
+    let mut headers = vec![
         ("laurel-reason", reason.as_str()),
         ("laurel-pipeline", pipeline.name.as_str()),
         ("laurel-topic", pipeline.input_topic.as_str()),
         ("laurel-partition", partition.as_str()),
         ("laurel-offset", offset.as_str()),
     ];
+    if let Some(signature) = &signature {
+        headers.push((DEAD_SIGNATURE_HEADER, signature.as_str()));
+    }
     let original: Vec<(String, Vec<u8>)> = letter
         .headers
         .iter()

@@ -1,16 +1,25 @@
 //! Replaying a pipeline's dead letters once its transform (or the data) is
 //! fixed: each record `<input_topic>.dead` holds for the pipeline goes back
-//! to the input topic with its key, value and own headers, marked
+//! to the input topic with its key, value and own headers.
+//!
+//! Marks are issued, never found. When the pre-filter dead-letters a
+//! record it signs (pipeline, first position, key, value) with Laurel's
+//! replay key (HMAC-SHA256, kept in PostgreSQL) in `laurel-dead-signature`.
+//! A replay puts such a record back marked
 //!
 //! - `laurel-origin: PARTITION/OFFSET`, its first position: the pre-filter
 //!   reads the record as if it were there, so its events get the ids they
 //!   would have had (a record replayed twice counts once);
 //! - `laurel-replay-for: PIPELINE`: other pipelines of the same input topic
 //!   pass over it;
-//! - `laurel-replay-signature`: the mark signed with Laurel's replay key
-//!   (HMAC-SHA256, kept in PostgreSQL). A mark without a valid signature is
-//!   ignored, so a raw producer cannot give its records another record's
-//!   position, and so its events' ids, or hide them from a pipeline.
+//! - `laurel-replay-signature`: the mark and the record's key and value,
+//!   signed again. The pre-filter honours a mark only with its signature,
+//!   so a mark copied onto other content, or made up, is ignored.
+//!
+//! A record on the dead-letter topic that Laurel did not sign (any
+//! producer that may write the topic can put one there) is put back as
+//! itself: its `laurel-` headers dropped, read at its new position by every
+//! pipeline of the topic, with no id of another record.
 //!
 //! A replay reads the dead-letter topic up to its end when it starts, as
 //! the consumer group `<prefix>.prefilter-replay.<pipeline>`, and commits
@@ -29,8 +38,12 @@ use crate::store::PipelineRow;
 pub const ORIGIN_HEADER: &str = "laurel-origin";
 /// The pipeline a replayed record is for.
 pub const REPLAY_FOR_HEADER: &str = "laurel-replay-for";
-/// The signature of a replayed record's mark (its origin and pipeline).
+/// The signature of a replayed record's mark (its pipeline, origin, key
+/// and value).
 pub const SIGNATURE_HEADER: &str = "laurel-replay-signature";
+/// The signature Laurel gives a record it dead-letters (its pipeline,
+/// first position, key and value).
+pub const DEAD_SIGNATURE_HEADER: &str = "laurel-dead-signature";
 
 /// The key replay marks are signed with (`signing_keys` in PostgreSQL).
 #[derive(Clone)]
@@ -46,22 +59,47 @@ impl ReplayKey {
         Ok(ReplayKey::new(&store.signing_key("replay").await?))
     }
 
-    /// The signature of the mark (`pipeline`, `origin`), in hex.
-    fn sign(&self, pipeline: &[u8], origin: &[u8]) -> String {
-        hex::encode(ring::hmac::sign(&self.0, &mark(pipeline, origin)))
+    /// The signature of a record's mark: `pipeline`, `origin` (its first
+    /// position, `PARTITION/OFFSET`), its key and value; in hex.
+    pub fn sign(&self, mark: Mark<'_>) -> String {
+        hex::encode(ring::hmac::sign(&self.0, &mark.bytes()))
     }
 
-    /// Whether `signature` (hex) signs the mark (`pipeline`, `origin`).
-    pub fn verifies(&self, pipeline: &[u8], origin: &[u8], signature: &[u8]) -> bool {
+    /// Whether `signature` (hex) signs `mark`.
+    pub fn verifies(&self, mark: Mark<'_>, signature: &[u8]) -> bool {
         hex::decode(signature)
-            .is_ok_and(|tag| ring::hmac::verify(&self.0, &mark(pipeline, origin), &tag).is_ok())
+            .is_ok_and(|tag| ring::hmac::verify(&self.0, &mark.bytes(), &tag).is_ok())
     }
 }
 
-/// What a mark's signature covers: the pipeline, a newline (no pipeline
-/// name holds one), the origin.
-fn mark(pipeline: &[u8], origin: &[u8]) -> Vec<u8> {
-    [pipeline, b"\n", origin].concat()
+/// What a signature covers: the pipeline a record is for, where it first
+/// was, and its content, so that a signature holds for that one record.
+#[derive(Clone, Copy)]
+pub struct Mark<'a> {
+    pub pipeline: &'a [u8],
+    pub origin: &'a [u8],
+    pub key: Option<&'a [u8]>,
+    pub value: &'a [u8],
+}
+
+impl Mark<'_> {
+    /// Each part with its length before it (a key's absence told from an
+    /// empty key), so no two marks give the same bytes.
+    fn bytes(&self) -> Vec<u8> {
+        let mut bytes = Vec::with_capacity(64 + self.value.len());
+        let mut part = |part: Option<&[u8]>| match part {
+            None => bytes.extend_from_slice(&u64::MAX.to_be_bytes()),
+            Some(part) => {
+                bytes.extend_from_slice(&(part.len() as u64).to_be_bytes());
+                bytes.extend_from_slice(part);
+            }
+        };
+        part(Some(self.pipeline));
+        part(Some(self.origin));
+        part(self.key);
+        part(Some(self.value));
+        bytes
+    }
 }
 
 /// How long a replay waits for the next dead letter it knows is there.
@@ -84,6 +122,10 @@ pub struct RawReplay {
     /// Dead letters without their value (it was over the size limit), by
     /// their first position: they stay on the input topic, not replayable.
     pub without_value: Vec<String>,
+    /// Records Laurel did not dead-letter (no valid `laurel-dead-signature`),
+    /// put back as themselves: read at their new position by every
+    /// pipeline of the input topic.
+    pub unsigned: u64,
 }
 
 /// Puts the pipeline's dead letters that no earlier replay took back on its
@@ -118,42 +160,109 @@ pub async fn replay(
         let Some(message) = message else {
             break;
         };
-        let header = |name: &str| String::from_utf8_lossy(message.header(name).unwrap_or_default());
-        if header("laurel-pipeline") == pipeline.name.as_str() {
-            let origin = format!("{}/{}", header("laurel-partition"), header("laurel-offset"));
-            match message.payload() {
-                None => report.without_value.push(origin),
-                Some(value) => {
-                    let signature = key.sign(pipeline.name.as_bytes(), origin.as_bytes());
-                    let mut headers: Vec<(&str, &[u8])> = vec![
-                        (ORIGIN_HEADER, origin.as_bytes()),
-                        (REPLAY_FOR_HEADER, pipeline.name.as_bytes()),
-                        (SIGNATURE_HEADER, signature.as_bytes()),
-                    ];
-                    // A name that is not UTF-8 (any producer can write
-                    // here) goes on with U+FFFD in place of what is not.
-                    headers.extend(
-                        message
-                            .headers()
-                            .map(|(name, value)| (name, value.unwrap_or_default()))
-                            .filter(|(name, _)| !name.starts_with("laurel-")),
-                    );
-                    kafka::publish_bytes(
-                        &producer,
-                        &pipeline.input_topic,
-                        message.key(),
-                        value,
-                        &headers,
-                    )
-                    .await?;
-                    report.replayed += 1;
-                }
+        let header = |name: &str| message.header(name).unwrap_or_default();
+        let origin = [header("laurel-partition"), b"/", header("laurel-offset")].concat();
+        // The record's own headers, without any mark (a name that is not
+        // UTF-8 goes on with U+FFFD in place of what is not).
+        let own = message
+            .headers()
+            .map(|(name, value)| (name, value.unwrap_or_default()))
+            .filter(|(name, _)| !name.starts_with("laurel-"));
+        let value = message.payload();
+        let issued = value.is_some_and(|value| {
+            let mark = Mark {
+                pipeline: header("laurel-pipeline"),
+                origin: &origin,
+                key: message.key(),
+                value,
+            };
+            key.verifies(mark, header(DEAD_SIGNATURE_HEADER))
+        });
+        match value {
+            _ if header("laurel-pipeline") != pipeline.name.as_bytes() => {
+                report.other_pipelines += 1;
             }
-        } else {
-            report.other_pipelines += 1;
+            None => report
+                .without_value
+                .push(String::from_utf8_lossy(&origin).into_owned()),
+            Some(value) if issued => {
+                let mark = Mark {
+                    pipeline: pipeline.name.as_bytes(),
+                    origin: &origin,
+                    key: message.key(),
+                    value,
+                };
+                let signature = key.sign(mark);
+                let mut headers: Vec<(&str, &[u8])> = vec![
+                    (ORIGIN_HEADER, origin.as_slice()),
+                    (REPLAY_FOR_HEADER, pipeline.name.as_bytes()),
+                    (SIGNATURE_HEADER, signature.as_bytes()),
+                ];
+                headers.extend(own);
+                kafka::publish_bytes(
+                    &producer,
+                    &pipeline.input_topic,
+                    message.key(),
+                    value,
+                    &headers,
+                )
+                .await?;
+                report.replayed += 1;
+            }
+            Some(value) => {
+                let headers: Vec<(&str, &[u8])> = own.collect();
+                kafka::publish_bytes(
+                    &producer,
+                    &pipeline.input_topic,
+                    message.key(),
+                    value,
+                    &headers,
+                )
+                .await?;
+                report.replayed += 1;
+                report.unsigned += 1;
+            }
         }
     }
     // Everything put back was acknowledged (each publish waits for it).
     span.commit()?;
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A signature holds for its one record: any other pipeline, position,
+    /// key or value, a missing key for an empty one, or parts shifted
+    /// between neighbours, and it does not.
+    #[test]
+    fn a_signature_covers_the_pipeline_position_key_and_value() {
+        let key = ReplayKey::new(b"a key of the test's own");
+        let mark = |pipeline: &'static str,
+                    origin: &'static str,
+                    key: Option<&'static [u8]>,
+                    value: &'static str| Mark {
+            pipeline: pipeline.as_bytes(),
+            origin: origin.as_bytes(),
+            key,
+            value: value.as_bytes(),
+        };
+        let signed = mark("navi", "0/7", Some(b"u-1"), "dist=7");
+        let signature = key.sign(signed);
+        assert!(key.verifies(signed, signature.as_bytes()));
+        for other in [
+            mark("navi2", "0/7", Some(b"u-1"), "dist=7"),
+            mark("navi", "0/8", Some(b"u-1"), "dist=7"),
+            mark("navi", "0/7", Some(b"u-2"), "dist=7"),
+            mark("navi", "0/7", Some(b"u-1"), "dist=9"),
+            mark("navi", "0/7", None, "dist=7"),
+            mark("nav", "i0/7", Some(b"u-1"), "dist=7"),
+        ] {
+            assert!(!key.verifies(other, signature.as_bytes()));
+        }
+        let empty = key.sign(mark("navi", "0/7", Some(b""), ""));
+        assert_ne!(empty, key.sign(mark("navi", "0/7", None, "")));
+        assert!(!key.verifies(signed, b"not hex"));
+    }
 }

@@ -368,6 +368,54 @@ pub async fn messages_with_header(
     found
 }
 
+/// A message as a test reads it whole: its key and every header.
+pub struct WholeMessage {
+    pub key: Option<Vec<u8>>,
+    pub headers: Vec<(String, String)>,
+}
+
+/// The first `count` messages of `topic` (one partition), whole.
+pub async fn whole_messages(brokers: &str, topic: &str, count: usize) -> Vec<WholeMessage> {
+    use rdkafka::consumer::{Consumer, StreamConsumer};
+    use rdkafka::message::{Headers, Message};
+    let consumer: StreamConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", format!("test-whole-{topic}-{}", rand_suffix()))
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    consumer.subscribe(&[topic]).unwrap();
+    let mut found = Vec::new();
+    while found.len() < count {
+        let message = tokio::time::timeout(Duration::from_secs(60), consumer.recv())
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "only {} of {count} messages on {topic} in 60 s",
+                    found.len()
+                )
+            })
+            .unwrap();
+        let headers = message
+            .headers()
+            .map(|h| {
+                h.iter()
+                    .map(|h| {
+                        let value = String::from_utf8_lossy(h.value.unwrap_or_default());
+                        (h.key.to_string(), value.into_owned())
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        found.push(WholeMessage {
+            key: message.key().map(<[u8]>::to_vec),
+            headers,
+        });
+    }
+    found
+}
+
 fn rand_suffix() -> u128 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

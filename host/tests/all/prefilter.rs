@@ -19,6 +19,7 @@ use crate::api::{AWARDS, Server};
 use crate::owned_postgres::OwnedPostgres;
 use crate::pipeline_support::{
     Pipeline, dead_letter_messages, dead_letters, produce_with_header_named, settings,
+    whole_messages,
 };
 use crate::support;
 
@@ -1004,6 +1005,123 @@ async fn a_replay_mark_without_a_valid_signature_is_ignored() {
         BTreeSet::from(["raw.kv/0/0", "raw.kv/0/1", "raw.kv/0/2", "raw.kv/0/3"]),
         "{kept:?}"
     );
+    assert_metres(&mut p, &[("u-1", 7), ("u-2", 9), ("u-3", 11), ("u-4", 13)]).await;
+    prefilter.stop().await;
+    p.stop().await;
+}
+
+/// Replay marks are issued, not found: a replay keeps the first position
+/// only of a record the pre-filter itself dead-lettered, whose signature
+/// covers the pipeline, that position, the key and the value. A record
+/// another producer put on the dead-letter topic, with marks made up or
+/// copied from a genuine dead letter, goes back as itself; and a replayed
+/// record's marks copied onto other content on the input topic are ignored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_marks_are_issued_by_laurel_not_found_on_the_dead_letter_topic() {
+    let mut p = Pipeline::start(AWARDS, &["bss"]).await;
+    p.broker.create_topic("raw.kv", 1).unwrap();
+    p.broker.create_topic("raw.kv.dead", 1).unwrap();
+    let mut store = p.db.store().await;
+    let wrong = KV_PIPELINE.replace(r#""user_id": "uid""#, r#""user_id": "user""#);
+    laurel::pipelines::apply(&mut store, &p.registry, &wrong)
+        .await
+        .unwrap();
+    let prefilter = Prefilter::start(&p).await;
+    send(
+        &p,
+        "raw.kv",
+        &["ts=1764583200 uid=u-1 event=navi.trip_finished dist=7"],
+    )
+    .await;
+    let brokers = p.broker.bootstrap_servers().to_string();
+    let genuine = whole_messages(&brokers, "raw.kv.dead", 1).await.remove(0);
+    let names: Vec<&str> = genuine.headers.iter().map(|(n, _)| n.as_str()).collect();
+    assert!(names.contains(&"laurel-dead-signature"), "{names:?}");
+
+    // Another producer on the dead-letter topic: a mark made up to claim
+    // the first record's position, and the genuine letter's headers
+    // (signature included) copied onto other content.
+    let made_up: &[(&str, &str)] = &[
+        ("laurel-pipeline", "navi-kv"),
+        ("laurel-partition", "0"),
+        ("laurel-offset", "0"),
+    ];
+    let copied: Vec<(&str, &str)> = genuine
+        .headers
+        .iter()
+        .map(|(n, v)| (n.as_str(), v.as_str()))
+        .collect();
+    for (value, headers) in [
+        (
+            "ts=1764583201 uid=u-2 event=navi.trip_finished dist=9",
+            made_up,
+        ),
+        (
+            "ts=1764583202 uid=u-3 event=navi.trip_finished dist=11",
+            &copied[..],
+        ),
+    ] {
+        kafka::publish(
+            &p.producer,
+            "raw.kv.dead",
+            genuine.key.as_deref(),
+            value.as_bytes(),
+            headers,
+        )
+        .await
+        .unwrap();
+    }
+
+    laurel::pipelines::apply(&mut store, &p.registry, KV_PIPELINE)
+        .await
+        .unwrap();
+    let replay = std::process::Command::new(env!("CARGO_BIN_EXE_laurel"))
+        .args(["pipelines", "replay", "navi-kv"])
+        .env("LAUREL_DATABASE_URL", &p.db.url)
+        .env("LAUREL_KAFKA_BROKERS", &brokers)
+        .env("LAUREL_LOG", "warn")
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&replay.stdout);
+    assert!(replay.status.success(), "{said}");
+    assert_eq!(
+        said.trim(),
+        "replayed 3 dead letters of pipeline navi-kv from raw.kv.dead to raw.kv\n  \
+         2 of them not dead-lettered by Laurel (no valid laurel-dead-signature): put back as new records, \
+         read at their new position by every pipeline of raw.kv"
+    );
+    // The genuine letter at its first position; the others at the
+    // positions the replay gave them (raw.kv/0/1 is the genuine replayed).
+    let kept = produced(&p, 3, FIVE_MINUTES).await;
+    let ids: BTreeSet<&str> = kept.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(
+        ids,
+        BTreeSet::from(["raw.kv/0/0", "raw.kv/0/2", "raw.kv/0/3"]),
+        "{kept:?}"
+    );
+    assert_metres(&mut p, &[("u-1", 7), ("u-2", 9), ("u-3", 11)]).await;
+
+    // The replayed record's marks, copied onto other content: the
+    // signature does not hold for it, so it is read at its own position.
+    let replayed = whole_messages(&brokers, "raw.kv", 2).await.remove(1);
+    let marks: Vec<(&str, &str)> = replayed
+        .headers
+        .iter()
+        .filter(|(n, _)| n.starts_with("laurel-"))
+        .map(|(n, v)| (n.as_str(), v.as_str()))
+        .collect();
+    assert_eq!(marks.len(), 3, "{marks:?}");
+    kafka::publish(
+        &p.producer,
+        "raw.kv",
+        replayed.key.as_deref(),
+        b"ts=1764583203 uid=u-4 event=navi.trip_finished dist=13",
+        &marks,
+    )
+    .await
+    .unwrap();
+    let kept = produced(&p, 4, FIVE_MINUTES).await;
+    assert!(kept.iter().any(|(id, _)| id == "raw.kv/0/4"), "{kept:?}");
     assert_metres(&mut p, &[("u-1", 7), ("u-2", 9), ("u-3", 11), ("u-4", 13)]).await;
     prefilter.stop().await;
     p.stop().await;

@@ -304,7 +304,8 @@ impl Store {
             items: items.lasts(),
             places: read::places(&batch),
             view,
-            seen_additive: read::seen_ids(&seen),
+            seen_additive: seen.keys(),
+            additive_horizon: seen.horizon,
             totals: read::totals_of(&totals),
             replaying_holds: claim.holds(),
             backfill: batch.backfill,
@@ -371,6 +372,51 @@ impl Store {
             .collect())
     }
 
+    /// Prunes a record of applied analytics ids (`applied_events`,
+    /// `award_events`) of rows older than `days`. If there are any, its
+    /// horizon is raised to that age first (waiting for the batches that
+    /// read the old one, which hold it locked), then the rows under it go:
+    /// a batch either read the old horizon and finished before, or reads
+    /// the new one and refuses the events whose ids may have gone. Where
+    /// nothing was ever pruned, nothing is refused.
+    async fn prune_ids(
+        &self,
+        table: &str,
+        key: &str,
+        days: i32,
+        limit: i64,
+    ) -> Result<u64, StoreError> {
+        let raised = self
+            .client()
+            .query_opt(
+                &format!(
+                    "UPDATE prune_horizons SET horizon = greatest(horizon, now() - make_interval(days => $1))
+                     WHERE name = $2
+                       AND EXISTS (SELECT 1 FROM {table} WHERE applied_at < now() - make_interval(days => $1))
+                     RETURNING horizon"
+                ),
+                &[&days, &table],
+            )
+            .await
+            .context("raising the horizon of applied analytics ids")?;
+        let Some(raised) = raised else {
+            return Ok(0);
+        };
+        let horizon: DateTime<Utc> = raised.get(0);
+        let pruned = self
+            .client()
+            .execute(
+                &format!(
+                    "DELETE FROM {table} WHERE ({key}) IN (
+                         SELECT {key} FROM {table} WHERE applied_at < $1 LIMIT $2)"
+                ),
+                &[&horizon, &limit],
+            )
+            .await
+            .context("pruning applied analytics ids")?;
+        Ok(pruned)
+    }
+
     /// Deletes processing-log rows, applied-event ids and finished
     /// notifications older than their retention, a bounded number per call; returns how many went.
     pub async fn prune(
@@ -389,26 +435,22 @@ impl Store {
             .await
             .context("pruning the processing log")?;
         let applied = self
-            .client()
-            .execute(
-                "DELETE FROM applied_events WHERE (source, event_id) IN (
-                     SELECT source, event_id FROM applied_events
-                     WHERE applied_at < now() - make_interval(days => $1) LIMIT $2)",
-                &[&applied_days, &limit],
+            .prune_ids(
+                "applied_events",
+                "source, event_id, user_id",
+                applied_days,
+                limit,
             )
-            .await
-            .context("pruning applied events")?;
+            .await?;
         // Kept as long: a backfill reads no analytics older than that.
         let counted = self
-            .client()
-            .execute(
-                "DELETE FROM award_events WHERE (award_id, source, event_id) IN (
-                     SELECT award_id, source, event_id FROM award_events
-                     WHERE applied_at < now() - make_interval(days => $1) LIMIT $2)",
-                &[&applied_days, &limit],
+            .prune_ids(
+                "award_events",
+                "award_id, source, event_id, user_id",
+                applied_days,
+                limit,
             )
-            .await
-            .context("pruning the events awards counted")?;
+            .await?;
         // Dead letters, replayed or not: the dead-letter topic's retention
         // is the longer record.
         let letters = self

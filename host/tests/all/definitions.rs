@@ -142,12 +142,25 @@ async fn old_log_entries_and_applied_ids_are_pruned_in_bounded_steps() {
         "INSERT INTO processing_log (logged_at, source, event_id, outcome, reason)
              SELECT now() - interval '40 days', 'photos', 'old-' || g, 'skipped', 'test' FROM generate_series(1, 25) g;
          INSERT INTO processing_log (source, event_id, outcome, reason) VALUES ('photos', 'new-1', 'skipped', 'test');
-         INSERT INTO applied_events (source, event_id, applied_at)
-             SELECT 'bss', 'old-' || g, now() - interval '10 days' FROM generate_series(1, 5) g;
-         INSERT INTO applied_events (source, event_id) VALUES ('bss', 'new-1');",
+         INSERT INTO applied_events (source, user_id, event_id, applied_at)
+             SELECT 'bss', 'u-1', 'old-' || g, now() - interval '10 days' FROM generate_series(1, 5) g;
+         INSERT INTO applied_events (source, user_id, event_id) VALUES ('bss', 'u-1', 'new-1');",
     )
     .await
     .unwrap();
+    let horizon = |name: &'static str| {
+        let sql = &sql;
+        async move {
+            sql.query_one(
+                "SELECT extract(epoch FROM now() - horizon)::float8 / 86400 FROM prune_horizons WHERE name = $1",
+                &[&name],
+            )
+            .await
+            .unwrap()
+            .get::<_, Option<f64>>(0)
+        }
+    };
+    assert_eq!(horizon("applied_events").await, None, "nothing pruned yet");
     // At most 10 of each per step.
     assert_eq!(store.prune(30, 7, 10).await.unwrap(), 15);
     assert_eq!(store.prune(30, 7, 10).await.unwrap(), 10);
@@ -171,6 +184,11 @@ async fn old_log_entries_and_applied_ids_are_pruned_in_bounded_steps() {
         (log, applied),
         (vec!["new-1".to_string()], vec!["new-1".to_string()])
     );
+    // The record of applied ids is complete from 7 days ago on; nothing
+    // was pruned of the ids awards counted, so theirs did not move.
+    let days = horizon("applied_events").await.expect("a horizon");
+    assert!((7.0..7.01).contains(&days), "{days}");
+    assert_eq!(horizon("award_events").await, None);
     db.drop_database().await;
 }
 

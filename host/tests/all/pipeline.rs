@@ -126,6 +126,70 @@ async fn redelivered_and_out_of_order_events_change_nothing() {
     p.stop().await;
 }
 
+/// Analytics ids are the producer's: two users' events carrying one id
+/// both count, each once. Once ids were pruned, an event from before the
+/// pruned horizon is refused and dead-lettered with why (whether it was
+/// applied is no longer known), and the next event applies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn analytics_ids_count_once_per_user_and_not_again_past_the_pruned_horizon() {
+    let mut p = Pipeline::start(REVIEWS_AWARD, &["reviews", "bss"]).await;
+    let trip = |user: &str, id: &str, occurred_at: &str, metres: i64| {
+        json!({"id": id, "source": "bss", "type": "navi.trip_finished", "user_id": user, "authorized": true,
+               "occurred_at": occurred_at, "payload": {"distance_m": metres}})
+    };
+    p.send(&trip("u-2", "trip-1", "2026-12-01T10:00:00Z", 1500))
+        .await;
+    p.send(&trip("u-3", "trip-1", "2026-12-01T10:00:00Z", 2500))
+        .await;
+    p.send(&trip("u-2", "trip-1", "2026-12-01T10:00:00Z", 1500))
+        .await;
+    p.settle("bss", "u-2").await;
+    p.settle("bss", "u-3").await;
+    assert_eq!(
+        p.objective("u-2", "driver", "navi").await,
+        counters(&[("metres", 1500)])
+    );
+    assert_eq!(
+        p.objective("u-3", "driver", "navi").await,
+        counters(&[("metres", 2500)])
+    );
+
+    // Ids applied long ago are pruned: the horizon moves to 2025-01-01
+    // (as many days back), so the test's own events stay after it.
+    p.db.sql()
+        .await
+        .batch_execute(
+            "INSERT INTO applied_events (source, user_id, event_id, applied_at)
+             VALUES ('bss', 'u-2', 'trip-0', '2024-06-01T10:00:00Z')",
+        )
+        .await
+        .unwrap();
+    let days = (chrono::Utc::now()
+        - "2025-01-01T00:00:00Z"
+            .parse::<chrono::DateTime<chrono::Utc>>()
+            .unwrap())
+    .num_days() as i32;
+    assert_eq!(p.db.store().await.prune(30, days, 100).await.unwrap(), 1);
+    // trip-0 again (a consumer group reset to the earliest offset).
+    p.send(&trip("u-2", "trip-0", "2024-06-01T10:00:00Z", 900))
+        .await;
+    p.send(&trip("u-2", "trip-2", "2026-12-01T11:00:00Z", 100))
+        .await;
+    p.settle("bss", "u-2").await;
+    assert_eq!(
+        p.objective("u-2", "driver", "navi").await,
+        counters(&[("metres", 1600)])
+    );
+    let reasons = dead_letters(p.broker.bootstrap_servers(), "events.bss.dead", 1).await;
+    assert!(
+        reasons[0].contains(
+            "an analytics event of 2024-06-01T10:00:00Z is older than the de-duplication horizon"
+        ),
+        "{reasons:?}"
+    );
+    p.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_reviews_of_one_object_count_once_until_both_are_gone() {
     let mut p = Pipeline::start(REVIEWS_AWARD, &["reviews"]).await;

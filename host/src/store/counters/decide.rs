@@ -24,7 +24,9 @@
 //! made ([`Decider::plan`]: an event applies whole or not at all), then
 //! made ([`Decider::apply`]).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use chrono::{DateTime, Utc};
 
 use super::contributions::{Contributions, Stored, add_checked, nonzero};
 use super::keys::{ItemKey, ObjectiveKey, ShareKey};
@@ -40,8 +42,12 @@ pub(super) struct Snapshot<'a> {
     /// Each event's place in its topic, by batch index (None: not known).
     pub places: Vec<Option<Place<'a>>>,
     pub view: Contributions<'a>,
-    /// Additive events of the batch that were applied before.
-    pub seen_additive: HashSet<&'a str>,
+    /// Additive events of the batch that were applied before, by (user,
+    /// event id).
+    pub seen_additive: HashSet<(&'a str, &'a str)>,
+    /// Ids of additive events applied before this were pruned: an event
+    /// from before it is refused, as a redelivery could not be told apart.
+    pub additive_horizon: Option<DateTime<Utc>>,
     /// Current counters of the objectives the batch touches.
     pub totals: HashMap<ObjectiveKey<'a>, Counters>,
     /// Events replayed from a hold (by batch index): the claimed hold's
@@ -87,8 +93,9 @@ pub(super) struct Decision<'a> {
     pub reshared: BTreeMap<ItemKey<'a>, Last<'a>>,
     /// Objectives whose counters changed: their new counters.
     pub totals: BTreeMap<ObjectiveKey<'a>, Counters>,
-    /// Additive events applied for the first time.
-    pub newly_applied: BTreeSet<&'a str>,
+    /// Additive events applied for the first time, by (user, event id),
+    /// with when they happened.
+    pub newly_applied: BTreeMap<(&'a str, &'a str), DateTime<Utc>>,
     pub log: Vec<LogRow<'a>>,
     pub holds: Vec<Hold<'a>>,
     /// Events refused whole while deciding: (batch index, reason).
@@ -122,6 +129,11 @@ pub(super) fn decide<'a>(
     decider.finish()
 }
 
+/// What an additive event is applied once per: its user and its id.
+fn additive_key(outcome: &Outcome) -> (&str, &str) {
+    (&outcome.user_id, &outcome.event_id)
+}
+
 /// A batch being decided, event by event.
 struct Decider<'a, 'f> {
     /// As read, then as decided so far (`items`, `view`).
@@ -132,8 +144,8 @@ struct Decider<'a, 'f> {
     totals: HashMap<ObjectiveKey<'a>, Counters>,
     /// What changed in them.
     net: HashMap<ObjectiveKey<'a>, Counters>,
-    /// Additive events applied earlier in this batch.
-    additive_here: HashSet<&'a str>,
+    /// Additive events applied earlier in this batch, by (user, event id).
+    additive_here: HashSet<(&'a str, &'a str)>,
 }
 
 /// One event of the batch, and where it stands.
@@ -168,6 +180,9 @@ impl<'a> Decider<'a, '_> {
         let event = self.read(outcomes);
         if self.skipped(&event) {
             return;
+        }
+        if let Some(reason) = self.past_horizon(&event) {
+            return self.refuse(&event, reason);
         }
         match self.plan(&event) {
             Ok(plan) => self.apply(&event, plan),
@@ -239,11 +254,8 @@ impl<'a> Decider<'a, '_> {
             }
             (None, _)
                 if event.replaying.is_none()
-                    && (self
-                        .snapshot
-                        .seen_additive
-                        .contains(first.event_id.as_str())
-                        || self.additive_here.contains(first.event_id.as_str())) =>
+                    && (self.snapshot.seen_additive.contains(&additive_key(first))
+                        || self.additive_here.contains(&additive_key(first))) =>
             {
                 LogRow::already_applied(first)
             }
@@ -251,6 +263,20 @@ impl<'a> Decider<'a, '_> {
         };
         self.decision.log.push(row);
         true
+    }
+
+    /// Why an additive event is refused: it happened before the horizon
+    /// of the applied ids, so whether it was applied is no longer known.
+    fn past_horizon(&self, event: &Event<'a>) -> Option<String> {
+        let first = event.first;
+        let horizon = self.snapshot.additive_horizon?;
+        (event.order.is_none() && event.replaying.is_none() && first.occurred_at < horizon).then(|| {
+            format!(
+                "an analytics event of {} is older than the de-duplication horizon ({}): the ids of analytics events applied before it were pruned (LAUREL_LOG_RETENTION_DAYS), so a redelivery could not be told from a first delivery",
+                first.occurred_at.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
+                horizon.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)
+            )
+        })
     }
 
     /// Every objective's change, checked before any is made; `Err`: why
@@ -356,8 +382,10 @@ impl<'a> Decider<'a, '_> {
             self.decision.item_events.insert(item, first.index);
         }
         if first.content_id.is_none() && event.replaying.is_none() {
-            self.additive_here.insert(&first.event_id);
-            self.decision.newly_applied.insert(&first.event_id);
+            self.additive_here.insert(additive_key(first));
+            self.decision
+                .newly_applied
+                .insert(additive_key(first), first.occurred_at);
         }
         self.totals.extend(plan.totals);
 
@@ -801,23 +829,76 @@ mod tests {
         );
     }
 
+    /// Once per user and id: ids are the producer's, and another user's
+    /// event may carry the same one.
     #[test]
-    fn additive_events_add_once_per_id() {
+    fn additive_events_add_once_per_user_and_id() {
         let mut snapshot = Snapshot::default();
-        snapshot.seen_additive.insert("old");
+        snapshot.seen_additive.insert(("u", "old"));
+        let other_user = |o: Outcome| Outcome {
+            user_id: "v".into(),
+            ..o
+        };
         let batch = [
             adding(0, "old", "navi", 5),
             adding(1, "new", "navi", 7),
             adding(2, "new", "navi", 7),
+            other_user(adding(3, "old", "navi", 11)),
+            other_user(adding(4, "new", "navi", 13)),
         ];
         let decision = run(snapshot, &batch);
         assert_eq!(
             totals(&decision),
-            vec![("navi".into(), counters(&[("n", 7)]))]
+            vec![
+                ("navi".into(), counters(&[("n", 7)])),
+                ("navi".into(), counters(&[("n", 24)]))
+            ]
         );
         assert_eq!(
-            decision.newly_applied.iter().copied().collect::<Vec<_>>(),
-            vec!["new"]
+            decision.newly_applied.keys().copied().collect::<Vec<_>>(),
+            vec![("u", "new"), ("v", "new"), ("v", "old")]
+        );
+    }
+
+    /// An additive event from before the horizon of the applied ids is
+    /// refused with why; one at or after it applies, and content events
+    /// (ordered by their item, not by ids kept) are not concerned.
+    #[test]
+    fn an_additive_event_past_the_de_duplication_horizon_is_refused() {
+        let snapshot = Snapshot {
+            additive_horizon: Some(at(10)),
+            ..Snapshot::default()
+        };
+        let old = Outcome {
+            occurred_at: at(9),
+            ..adding(0, "e1", "navi", 5)
+        };
+        let due = Outcome {
+            occurred_at: at(10),
+            ..adding(1, "e2", "navi", 7)
+        };
+        let content = status(2, "e3", 1, "photo", &[("approved", 1)]);
+        let batch = [old, due, content];
+        let decision = run(snapshot, &batch);
+        assert_eq!(decision.refused.len(), 1, "{:?}", decision.refused);
+        let (index, reason) = &decision.refused[0];
+        assert_eq!(*index, 0);
+        assert!(
+            reason.starts_with("an analytics event of ")
+                && reason.contains("is older than the de-duplication horizon")
+                && reason.contains("LAUREL_LOG_RETENTION_DAYS"),
+            "{reason}"
+        );
+        assert_eq!(
+            decision.newly_applied.keys().copied().collect::<Vec<_>>(),
+            vec![("u", "e2")]
+        );
+        assert_eq!(
+            totals(&decision),
+            vec![
+                ("navi".into(), counters(&[("n", 7)])),
+                ("photo".into(), counters(&[("approved", 1)]))
+            ]
         );
     }
 
@@ -847,7 +928,7 @@ mod tests {
             totals(&decision),
             vec![("navi".into(), counters(&[("n", i64::MAX)]))]
         );
-        assert!(!decision.newly_applied.contains("e2"));
+        assert!(!decision.newly_applied.contains_key(&("u", "e2")));
     }
 
     #[test]
@@ -898,7 +979,7 @@ mod tests {
         let batch = [held(adding(0, "e1", "navi", 5), "down")];
         let decision = run(Snapshot::default(), &batch);
         assert!(decision.totals.is_empty());
-        assert!(decision.newly_applied.contains("e1"));
+        assert!(decision.newly_applied.contains_key(&("u", "e1")));
         assert_eq!(decision.holds.len(), 1);
     }
 
@@ -914,7 +995,7 @@ mod tests {
                 place: None,
             }),
         );
-        snapshot.seen_additive.insert("e2");
+        snapshot.seen_additive.insert(("u", "e2"));
         snapshot.replaying_holds.insert(0, ("a", "broken"));
         snapshot.replaying_holds.insert(1, ("a", "navi"));
         let batch = [

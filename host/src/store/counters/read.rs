@@ -12,6 +12,7 @@
 use std::borrow::Cow;
 use std::collections::{BTreeSet, HashMap, HashSet};
 
+use chrono::{DateTime, Utc};
 use serde_json::Value;
 use tokio_postgres::{Row, Transaction};
 
@@ -298,51 +299,85 @@ pub(super) fn places<'a>(batch: &Batch<'a>) -> Vec<Option<Place<'a>>> {
         .collect()
 }
 
-/// The batch's additive events applied before (re-delivery adds nothing).
-/// A backfill's count once per award: what matters is whether that award
-/// counted them (live, or in an earlier pass).
+/// The batch's additive events applied before (re-delivery adds nothing),
+/// by (user, event id): ids are the producer's, and two users' events may
+/// share one. A backfill's count once per award: what matters is whether
+/// that award counted them (live, or in an earlier pass).
+///
+/// With them, the horizon of that record: ids applied before it were
+/// pruned, so an event from before it cannot be told from a first
+/// delivery. The horizon's row is locked for share until the batch
+/// commits: pruning raises it first (waiting for such batches), then
+/// deletes, so a batch never misses a pruned id without seeing the horizon
+/// that covers it.
+pub(super) struct Seen {
+    rows: Vec<Row>,
+    pub horizon: Option<DateTime<Utc>>,
+}
+
 pub(super) async fn seen_additive(
     tx: &Transaction<'_>,
     batch: &Batch<'_>,
     outcomes: &[Outcome],
-) -> Result<Vec<Row>, StoreError> {
-    // Each id once (an event has an outcome per objective), in key order.
-    let ids: Vec<&str> = outcomes
+) -> Result<Seen, StoreError> {
+    // Each key once (an event has an outcome per objective), in key order.
+    let keys: BTreeSet<(&str, &str)> = outcomes
         .iter()
         .filter(|o| o.content_id.is_none())
-        .map(|o| o.event_id.as_str())
-        .collect::<BTreeSet<_>>()
-        .into_iter()
+        .map(|o| (o.user_id.as_str(), o.event_id.as_str()))
         .collect();
-    if ids.is_empty() {
-        return Ok(Vec::new());
+    if keys.is_empty() {
+        return Ok(Seen {
+            rows: Vec::new(),
+            horizon: None,
+        });
     }
+    let (users, ids): (Vec<&str>, Vec<&str>) = keys.into_iter().unzip();
+    let record = if batch.backfill {
+        "award_events"
+    } else {
+        "applied_events"
+    };
+    let horizon: Option<DateTime<Utc>> = tx
+        .query_opt(
+            "SELECT horizon FROM prune_horizons WHERE name = $1 FOR SHARE",
+            &[&record],
+        )
+        .await
+        .context("reading the de-duplication horizon")?
+        .and_then(|row| row.get::<_, Option<DateTime<Utc>>>(0));
+    // A row of user '' was applied before ids were kept per user: it
+    // stands for every user, as it did then.
     let rows = if batch.backfill {
         let award = outcomes.first().map(|o| o.award_id.as_str());
         tx.query(
-            "SELECT a.event_id FROM unnest($3::text[]) AS k(e)
+            "SELECT k.u, a.event_id FROM unnest($3::text[], $4::text[]) AS k(u, e)
              CROSS JOIN LATERAL (SELECT event_id FROM award_events a
-                 WHERE a.award_id = $1 AND a.source = $2 AND a.event_id = k.e OFFSET 0) a",
-            &[&award, &batch.source, &ids],
+                 WHERE a.award_id = $1 AND a.source = $2 AND a.event_id = k.e
+                   AND a.user_id IN (k.u, '') LIMIT 1) a",
+            &[&award, &batch.source, &users, &ids],
         )
         .await
         .context("reading the award's counted events")?
     } else {
         tx.query(
-            "SELECT a.event_id FROM unnest($2::text[]) AS k(e)
+            "SELECT k.u, a.event_id FROM unnest($2::text[], $3::text[]) AS k(u, e)
              CROSS JOIN LATERAL (SELECT event_id FROM applied_events a
-                 WHERE a.source = $1 AND a.event_id = k.e OFFSET 0) a",
-            &[&batch.source, &ids],
+                 WHERE a.source = $1 AND a.event_id = k.e
+                   AND a.user_id IN (k.u, '') LIMIT 1) a",
+            &[&batch.source, &users, &ids],
         )
         .await
         .context("reading applied events")?
     };
-    Ok(rows)
+    Ok(Seen { rows, horizon })
 }
 
-/// The ids of [`seen_additive`]'s rows.
-pub(super) fn seen_ids(rows: &[Row]) -> HashSet<&str> {
-    rows.iter().map(|r| r.get(0)).collect()
+impl Seen {
+    /// The (user, event id) of every additive event applied before.
+    pub(super) fn keys(&self) -> HashSet<(&str, &str)> {
+        self.rows.iter().map(|r| (r.get(0), r.get(1))).collect()
+    }
 }
 
 /// Current counters of every objective that may change, so that each

@@ -344,28 +344,58 @@ async fn write_applied(
 ) -> Result<(), StoreError> {
     // A backfill's events were applied by ingest before (or will be,
     // past what it had committed): only the award's own record moves.
+    // Kept from when they were applied or happened, whichever is later:
+    // an id is pruned only once its event is older than the horizon that
+    // pruning sets, so its redelivery is refused, not counted again.
     if !decision.newly_applied.is_empty() && !batch.backfill {
-        let newly_applied: Vec<&str> = decision.newly_applied.iter().copied().collect();
+        let mut users = Vec::new();
+        let mut ids = Vec::new();
+        let mut times = Vec::new();
+        for ((user, id), occurred_at) in &decision.newly_applied {
+            users.push(*user);
+            ids.push(*id);
+            times.push(*occurred_at);
+        }
         tx.execute(
-            "INSERT INTO applied_events (source, event_id) SELECT $1, unnest($2::text[]) ON CONFLICT DO NOTHING",
-            &[&batch.source, &newly_applied],
+            "INSERT INTO applied_events (source, user_id, event_id, applied_at)
+             SELECT $1, u, e, greatest(now(), t) FROM unnest($2::text[], $3::text[], $4::timestamptz[]) AS k(u, e, t)
+             ON CONFLICT DO NOTHING",
+            &[&batch.source, &users, &ids, &times],
         )
         .await
         .context("recording applied events")?;
     }
-    let counted: BTreeSet<(&str, &str)> = outcomes
+    let counted: BTreeMap<(&str, &str, &str), DateTime<Utc>> = outcomes
         .iter()
         .filter(|o| o.content_id.is_none())
         .filter(|o| batch.backfill || batch.recorded.contains(&o.award_id))
-        .filter(|o| decision.newly_applied.contains(o.event_id.as_str()))
-        .map(|o| (o.award_id.as_str(), o.event_id.as_str()))
+        .filter_map(|o| {
+            let occurred_at = decision
+                .newly_applied
+                .get(&(o.user_id.as_str(), o.event_id.as_str()))?;
+            Some((
+                (o.award_id.as_str(), o.user_id.as_str(), o.event_id.as_str()),
+                *occurred_at,
+            ))
+        })
         .collect();
     if !counted.is_empty() {
-        let (a, e): (Vec<&str>, Vec<&str>) = counted.into_iter().unzip();
+        let mut awards = Vec::new();
+        let mut users = Vec::new();
+        let mut ids = Vec::new();
+        let mut times = Vec::new();
+        for ((award, user, id), occurred_at) in counted {
+            awards.push(award);
+            users.push(user);
+            ids.push(id);
+            times.push(occurred_at);
+        }
         tx.execute(
-            "INSERT INTO award_events (award_id, source, event_id)
-             SELECT a, $1, e FROM unnest($2::text[], $3::text[]) AS k(a, e) ON CONFLICT DO NOTHING",
-            &[&batch.source, &a, &e],
+            "INSERT INTO award_events (award_id, source, user_id, event_id, applied_at)
+             SELECT a, $1, u, e, greatest(now(), t)
+             FROM unnest($2::text[], $3::text[], $4::text[], $5::timestamptz[]) AS k(a, u, e, t)
+             ON CONFLICT DO NOTHING",
+            &[&batch.source, &awards, &users, &ids, &times],
         )
         .await
         .context("recording the events awards counted")?;

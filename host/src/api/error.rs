@@ -41,6 +41,9 @@ pub enum ApiError {
     /// A backing service (PostgreSQL, Redis, Kafka) is not answering.
     #[error("{0}")]
     Unavailable(String),
+    /// As much heavy work is running as the API takes at once: try again.
+    #[error("{0}")]
+    TooManyRequests(String),
     /// An HTTP function failed (trapped, answered with an error).
     #[error("{0}")]
     BadGateway(String),
@@ -137,6 +140,7 @@ impl ApiError {
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::Unprocessable { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::TooManyRequests(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::BadGateway(_) => StatusCode::BAD_GATEWAY,
             ApiError::GatewayTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
             ApiError::Unexpected(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -224,6 +228,11 @@ impl IntoResponse for ApiError {
             },
         };
         let mut response = (status, axum::Json(body)).into_response();
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
         if status == StatusCode::UNAUTHORIZED {
             response
                 .headers_mut()

@@ -41,6 +41,7 @@ pub async fn explain(
             })?
             .min(EVENTS_MAX),
     };
+    let _permit = state.heavy("an explain")?;
     let awards = state.catalog.awards();
     let Some(award) = awards.iter().find(|a| a.id == award_id).cloned() else {
         return Err(ApiError::NotFound(format!(

@@ -110,7 +110,10 @@ pub(super) async fn http_function(
     let (parts, body) = request.into_parts();
     let bytes = match axum::body::to_bytes(body, limit).await {
         Ok(bytes) => bytes,
-        Err(_) => {
+        Err(error) => {
+            if let Some(late) = super::BodyLate::in_chain(&error) {
+                return ApiError::RequestTimeout(late.to_string()).into_response();
+            }
             return ApiError::PayloadTooLarge(format!(
                 "the request body is over the limit of {limit} bytes"
             ))

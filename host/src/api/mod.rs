@@ -72,6 +72,8 @@ pub struct AppState {
     admin_tokens: Vec<AdminToken>,
     /// Kafka as last read by the watcher (brokers' health, consumer lag).
     kafka: Arc<std::sync::RwLock<KafkaView>>,
+    /// Permits for heavy admin requests (`LAUREL_HTTP_HEAVY_REQUESTS`).
+    heavy: Arc<tokio::sync::Semaphore>,
 }
 
 impl AppState {
@@ -96,6 +98,7 @@ impl AppState {
         }
         AppState {
             kafka,
+            heavy: Arc::new(tokio::sync::Semaphore::new(settings.heavy_requests)),
             admin_tokens,
             tokens: UserTokens::start(settings.tokens.clone()),
             pool: StorePool::new(&settings.database_url, settings.database_connections),
@@ -106,6 +109,17 @@ impl AppState {
             zero: progress::ZeroProgress::default(),
             functions: std::sync::OnceLock::new(),
         }
+    }
+
+    /// A permit for heavy work (`what`, e.g. "a diff"), held while it runs;
+    /// 429 when as many are running as the settings allow.
+    pub(crate) fn heavy(&self, what: &str) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
+        self.heavy.clone().try_acquire_owned().map_err(|_| {
+            ApiError::TooManyRequests(format!(
+                "busy: {} heavy admin requests (diffs, explains, replays) are running, as many as LAUREL_HTTP_HEAVY_REQUESTS allows; {what} can be asked again in a moment",
+                self.settings.heavy_requests
+            ))
+        })
     }
 
     /// Largest component upload: the sandbox's limit.
@@ -372,39 +386,75 @@ pub async fn run(
     Ok(())
 }
 
-/// A request's body arrives within the body timeout, or the answer is 408
-/// (a client that sends slowly does not hold a handler, or a stop, for
-/// ever). Read whole here, up to the largest body any route accepts; each
-/// route's own limit still applies.
+/// A request's body must arrive whole within the body timeout (a client
+/// that sends slowly does not hold a handler, or a stop, for ever). Nothing
+/// is read here: the body is read by its handler, after the route's
+/// authentication and with the route's own limit (`DefaultBodyLimit`), so
+/// an unauthenticated request is refused before any of its body is read.
+/// A body past its deadline fails to read with [`BodyLate`] (408).
 async fn body_in_time(
     State(state): State<Arc<AppState>>,
     request: Request,
     next: Next,
 ) -> Response {
-    let (parts, body) = request.into_parts();
-    let limit = state
-        .settings
-        .max_body_bytes
-        .max(state.max_function_bytes());
-    match tokio::time::timeout(
-        state.settings.body_timeout,
-        axum::body::to_bytes(body, limit),
-    )
-    .await
-    {
-        Ok(Ok(bytes)) => {
-            next.run(Request::from_parts(parts, axum::body::Body::from(bytes)))
-                .await
+    let timeout = state.settings.body_timeout;
+    let request = request.map(|body| {
+        axum::body::Body::new(Deadline {
+            body,
+            deadline: Box::pin(tokio::time::sleep(timeout)),
+            timeout,
+        })
+    });
+    next.run(request).await
+}
+
+/// A body that fails once its deadline passes.
+struct Deadline {
+    body: axum::body::Body,
+    deadline: std::pin::Pin<Box<tokio::time::Sleep>>,
+    timeout: Duration,
+}
+
+impl http_body::Body for Deadline {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
+        if self.deadline.as_mut().poll(cx).is_ready() {
+            let late = BodyLate(self.timeout);
+            return std::task::Poll::Ready(Some(Err(axum::Error::new(late))));
         }
-        Ok(Err(_)) => ApiError::PayloadTooLarge(format!(
-            "the request body is over the limit of {limit} bytes, or could not be read"
-        ))
-        .into_response(),
-        Err(_) => ApiError::RequestTimeout(format!(
-            "the request body did not arrive within {} ms",
-            state.settings.body_timeout.as_millis()
-        ))
-        .into_response(),
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// A request body that did not arrive within the body timeout.
+#[derive(Debug, thiserror::Error)]
+#[error("the request body did not arrive within {} ms", .0.as_millis())]
+pub(crate) struct BodyLate(Duration);
+
+impl BodyLate {
+    /// The deadline this error (or one of its causes) names, if any.
+    fn in_chain<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a BodyLate> {
+        let mut cause = Some(error);
+        while let Some(error) = cause {
+            if let Some(late) = error.downcast_ref::<BodyLate>() {
+                return Some(late);
+            }
+            cause = error.source();
+        }
+        None
     }
 }
 
@@ -488,7 +538,9 @@ pub(crate) fn whole_number<S: serde::Serializer>(value: &f64, to: S) -> Result<S
 /// A request body, or why it was refused (too large, unreadable).
 pub(crate) fn body(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, ApiError> {
     body.map_err(|rejection| {
-        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        if let Some(late) = BodyLate::in_chain(&rejection) {
+            ApiError::RequestTimeout(late.to_string())
+        } else if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::PayloadTooLarge(format!(
                 "the request body is over the limit of {limit} bytes"
             ))

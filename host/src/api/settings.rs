@@ -107,6 +107,17 @@ pub struct ApiSettings {
         value_name = "MS"
     )]
     pub body_timeout: Duration,
+    /// Heavy admin requests served at once (a function's diff, explain,
+    /// dead-letter and pipeline replays: each reads Kafka and holds a
+    /// database connection); more are answered 429.
+    #[arg(
+        long = "http-heavy-requests",
+        env = "LAUREL_HTTP_HEAVY_REQUESTS",
+        default_value = "2",
+        value_parser = crate::settings::positive,
+        value_name = "REQUESTS"
+    )]
+    pub heavy_requests: usize,
     /// HTTP connections served at once; more wait to be accepted.
     #[arg(
         id = "http_max_connections",

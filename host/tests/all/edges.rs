@@ -7,7 +7,7 @@ use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::api::{ADMIN, Server, database_with};
+use crate::api::{ADMIN, AWARDS, Server, database_with};
 use crate::support::KillOnDrop;
 
 /// Reads until the server closes the connection or `limit` passes;
@@ -185,6 +185,128 @@ async fn connections_past_the_limit_wait_for_one_to_end() {
         );
     }
     drop(second);
+    drop(server);
+    db.drop_database().await;
+}
+
+/// Authentication comes before bodies: an unauthenticated request that
+/// announces a component-sized body is refused at once, before any of it
+/// is read (it does not wait out the body timeout); and each route reads
+/// only as far as it takes: a function push up to the component limit,
+/// every other route up to the small body limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_are_read_after_authentication_and_only_as_far_as_their_route_takes() {
+    let (db, registry) = database_with("[]").await;
+    let server = Server::start_custom(&db.url, registry, None, None, |settings| {
+        settings.max_body_bytes = 1024;
+        settings.body_timeout = Duration::from_secs(30);
+    })
+    .await
+    .unwrap();
+    let addr = server.base.trim_start_matches("http://").to_string();
+    let (unauthenticated, wrong_token) = tokio::task::spawn_blocking(move || {
+        let announce = |authorization: &str| {
+            let mut stream = TcpStream::connect(&addr).unwrap();
+            write!(
+                stream,
+                "PUT /admin/v1/functions/Big HTTP/1.1\r\nHost: x\r\n{authorization}Content-Length: 16000000\r\n\r\n"
+            )
+            .unwrap();
+            read_until_closed(&mut stream, Duration::from_secs(10))
+        };
+        (
+            announce(""),
+            announce("Authorization: Bearer not-the-admin-token\r\n"),
+        )
+    })
+    .await
+    .unwrap();
+    for (answer, took) in [unauthenticated, wrong_token] {
+        assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+        assert!(took < Duration::from_secs(5), "{took:?}: {answer}");
+    }
+
+    // Past the small limit on an award: 413; the same size pushed as a
+    // component is read whole (and refused as what it is, not for its size).
+    let body = vec![b' '; 2000];
+    let award = server
+        .call(
+            "PUT",
+            "/admin/v1/awards/x",
+            Some(ADMIN),
+            Some(("application/json", body.clone())),
+        )
+        .await;
+    assert_eq!(award.status, 413, "{}", award.body);
+    assert!(
+        award
+            .body
+            .to_string()
+            .contains("over the limit of 1024 bytes"),
+        "{}",
+        award.body
+    );
+    let push = server
+        .call(
+            "PUT",
+            "/admin/v1/functions/Big",
+            Some(ADMIN),
+            Some(("application/wasm", body)),
+        )
+        .await;
+    assert_eq!(push.status, 422, "{}", push.body);
+    drop(server);
+    db.drop_database().await;
+}
+
+/// Heavy admin requests (diff, explain, replays) run a bounded number at
+/// once: past `LAUREL_HTTP_HEAVY_REQUESTS` the answer is 429 with why, at
+/// once, and the rest of the API answers as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heavy_admin_requests_past_their_limit_are_answered_429() {
+    let (db, registry) = database_with(AWARDS).await;
+    // A broker that takes connections and never answers: an explain,
+    // which reads the user's recent events, waits on it.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let brokers = silent.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        let kept: Vec<_> = silent.incoming().collect();
+        drop(kept);
+    });
+    let server = Server::start_custom(&db.url, registry, Some(&brokers), None, |settings| {
+        settings.heavy_requests = 1;
+    })
+    .await
+    .unwrap();
+    let path = "/admin/v1/users/u-1/awards/content-maker/explain";
+    let first = reqwest::Client::new()
+        .get(format!("{}{path}", server.base))
+        .bearer_auth(ADMIN)
+        .send();
+    let first = tokio::spawn(first);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        !first.is_finished(),
+        "the explain waits on the silent broker"
+    );
+    let second = tokio::time::timeout(Duration::from_secs(5), server.get(path, Some(ADMIN)))
+        .await
+        .expect("a request past the limit is answered at once");
+    assert_eq!(second.status, 429, "{}", second.body);
+    let error = second.body["error"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        error.starts_with("busy: 1 heavy admin requests (diffs, explains, replays) are running")
+            && error.contains("LAUREL_HTTP_HEAVY_REQUESTS"),
+        "{error}"
+    );
+    assert_eq!(
+        server.get("/admin/v1/awards", Some(ADMIN)).await.status,
+        200
+    );
+    first.abort();
     drop(server);
     db.drop_database().await;
 }

@@ -221,6 +221,11 @@ async fn live_changed(
     Ok((StatusCode::OK, Extension(audit), Json(answer)).into_response())
 }
 
+/// Most events a diff asked through the API reads per partition.
+const DIFF_EVENTS_MAX: i64 = 100_000;
+/// Most stored items a diff asked through the API evaluates.
+const DIFF_ITEMS_MAX: i64 = 1_000_000;
+
 /// `GET /functions/{name}/diff[?version=V][&events=N]`: what a candidate
 /// would change (see `crate::shadow`).
 pub(super) async fn diff(
@@ -237,16 +242,18 @@ pub(super) async fn diff(
         }
     };
     let version = at_most("version", i64::from(i32::MAX))?.map(|v| v as i32);
-    let events = at_most("events", 1_000_000)?.unwrap_or(10_000);
+    // Bounded so that one request's work stays small beside the public
+    // API's (the CLI's `functions diff` reaches further).
+    let events = at_most("events", DIFF_EVENTS_MAX)?.unwrap_or(10_000);
     let items = match query.get("items").map(String::as_str) {
         None => 100_000,
         Some(v) => v
             .parse::<i64>()
             .ok()
-            .filter(|n| (0..=10_000_000).contains(n))
+            .filter(|n| (0..=DIFF_ITEMS_MAX).contains(n))
             .ok_or_else(|| {
                 ApiError::BadRequest(format!(
-                    "query parameter items must be a whole number from 0 to 10000000, not {v:?}"
+                    "query parameter items must be a whole number from 0 to {DIFF_ITEMS_MAX}, not {v:?}"
                 ))
             })?,
     };
@@ -257,6 +264,7 @@ pub(super) async fn diff(
                 .into(),
         ));
     };
+    let _permit = state.heavy("a diff")?;
     let store = state.store().await?;
     crate::shadow::diff(&store, &state.registry, &brokers, &name, version, reach)
         .await

@@ -213,6 +213,7 @@ pub(super) async fn replay(
             "this process has no Kafka brokers (LAUREL_KAFKA_BROKERS) to replay from".into(),
         ));
     };
+    let _permit = state.heavy("a replay")?;
     let pipeline = stored(&state, &name)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("no pipeline named {name}")))?;

@@ -214,6 +214,7 @@ pub(super) async fn replay(
             ApiError::BadRequest(format!("the replay request is not valid: {error}"))
         })?
     };
+    let _permit = state.heavy("a replay")?;
     let mut store = state.store().await?;
     known(&store, &name).await?;
     let filter = LetterFilter {

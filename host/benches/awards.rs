@@ -25,6 +25,10 @@ use laurel::runtime::{Limits, Runtime};
 use laurel::store::Store;
 use serde_json::json;
 
+#[path = "support/row.rs"]
+mod row;
+use row::row;
+
 const AWARDS: i64 = 10;
 const CHANGES: usize = 10_000;
 const ROUNDS: usize = 5;
@@ -245,6 +249,23 @@ fn main() {
         println!(
             "Ratio (10x rows, changes spread over all / 1x rows): {:.2}",
             spread / small
+        );
+        let seconds = |s: f64| format!("{s:.3} s per {CHANGES} changes");
+        row(
+            "awards",
+            &format!("awards worker over {} user_objective rows, the same changes (baseline: over {rows} rows)", rows * 10),
+            &seconds(large),
+            &seconds(small),
+            &format!("{:.2}", large / small),
+            "<= 1.2",
+        );
+        row(
+            "awards",
+            &format!("the same over {} rows, the changes spread over all of them (baseline: over {rows} rows)", rows * 10),
+            &seconds(spread),
+            &seconds(small),
+            &format!("{:.2}", spread / small),
+            "",
         );
     });
 }

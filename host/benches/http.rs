@@ -21,6 +21,10 @@ use laurel::runtime::http::manifest;
 use laurel::runtime::{Limits, Runtime};
 use laurel::store::Store;
 
+#[path = "support/row.rs"]
+mod row;
+use row::{row, thousands};
+
 const SECRET: &str = "bench-secret";
 
 fn main() {
@@ -176,4 +180,24 @@ fn report(what: &str, m: &Measured, baseline: Option<&Measured>) {
         m.percentile(0.50).as_secs_f64() * 1000.0,
         m.percentile(0.99).as_secs_f64() * 1000.0,
     );
+    if let Some(baseline) = baseline {
+        let shown = |m: &Measured| {
+            format!(
+                "{} req/s, p99 {:.1} ms",
+                thousands(m.rate()),
+                m.percentile(0.99).as_secs_f64() * 1000.0
+            )
+        };
+        row(
+            "http",
+            &format!(
+                "{what}, {} connections (baseline: a path no route takes)",
+                env("LAUREL_BENCH_CONNECTIONS", 32)
+            ),
+            &shown(m),
+            &shown(baseline),
+            &format!("{:.2}x", m.rate() / baseline.rate()),
+            "",
+        );
+    }
 }

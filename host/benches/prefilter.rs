@@ -40,6 +40,10 @@ use laurel_guest::Transform as _;
 use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
+#[path = "support/row.rs"]
+mod row;
+use row::{row, spread, thousands};
+
 const TOPIC: &str = "raw.navigator";
 const PARTITIONS: i32 = 24;
 const PIPELINE: &str = "navigator";
@@ -100,10 +104,13 @@ fn main() {
         .unwrap();
     rt.block_on(async {
         let mut ratios = Vec::new();
+        let (mut bares, mut laurels) = (Vec::new(), Vec::new());
         for round in 1..=rounds {
             let (bare, laurel) = measure(&server, count, cpu).await;
             let ratio = laurel / bare;
             ratios.push(ratio);
+            bares.push(bare);
+            laurels.push(laurel);
             println!(
                 "Round {round}: bare consumer {bare:>8.0} records/s; pre-filter {laurel:>8.0} records/s: ratio {ratio:.2}"
             );
@@ -114,6 +121,14 @@ fn main() {
             ratios[0],
             ratios[ratios.len() / 2],
             ratios[ratios.len() - 1]
+        );
+        row(
+            "prefilter",
+            &format!("raw records -> JsonTransform in Wasm -> kept events, {count} records, pinned to one core (baseline: a bare rdkafka consumer, pinned the same)"),
+            &format!("{} records/s", spread(&laurels, thousands)),
+            &format!("{} records/s", spread(&bares, thousands)),
+            &spread(&ratios, |r| format!("{r:.2}")),
+            ">= 0.5 and >= 150K records/s",
         );
     });
 }
@@ -183,6 +198,14 @@ fn transform_cost() {
     println!(
         "JsonTransform per record, only the kept type made (0.6%): native {native_typed:.0} ns, Wasm {wasm_typed:.0} ns: Wasm/native {:.2}",
         wasm_typed / native_typed
+    );
+    row(
+        "prefilter",
+        "JsonTransform per record, told the kept type, in Wasm (baseline: the same crate native)",
+        &format!("{wasm_typed:.0} ns"),
+        &format!("{native_typed:.0} ns"),
+        &format!("{:.2}x", wasm_typed / native_typed),
+        "",
     );
 }
 

@@ -10,6 +10,10 @@ use std::time::Instant;
 
 use laurel::proxy::ProxyPools;
 
+#[path = "support/row.rs"]
+mod row;
+use row::{row, spread, thousands};
+
 fn main() {
     let count: usize = std::env::var("LAUREL_BENCH_ALLOCATIONS")
         .ok()
@@ -42,6 +46,7 @@ fn main() {
             .unwrap_or(3);
         let key = ProxyPools::eligible_key(pool);
         let mut ratios: Vec<(usize, f64)> = Vec::new();
+        let (mut baselines, mut rates) = (Vec::new(), Vec::new());
         for round in 1..=rounds {
             // Baseline: redis-benchmark, 16 clients, the same EVALSHA.
             let output = std::process::Command::new("redis-benchmark")
@@ -57,6 +62,7 @@ fn main() {
                 .next()
                 .unwrap_or_else(|| panic!("no rate in redis-benchmark's output: {csv}"));
             println!("Round {round}: baseline, redis-benchmark EVALSHA, 16 clients: {baseline:>8.0} allocations/s");
+            baselines.push(baseline);
             for tasks in [16usize, 64] {
                 let started = Instant::now();
                 let mut handles = Vec::new();
@@ -78,6 +84,7 @@ fn main() {
                     rate / baseline
                 );
                 ratios.push((tasks, rate / baseline));
+                rates.push((tasks, rate));
             }
         }
         for tasks in [16usize, 64] {
@@ -89,12 +96,21 @@ fn main() {
                 these[these.len() / 2],
                 these[these.len() - 1]
             );
+            let laurel: Vec<f64> = rates.iter().filter(|(t, _)| *t == tasks).map(|(_, r)| *r).collect();
+            row(
+                "proxy",
+                &format!("proxy allocations from one process, {tasks} tasks on one connection (baseline: redis-benchmark, 16 clients, the same EVALSHA)"),
+                &format!("{}/s", spread(&laurel, thousands)),
+                &format!("{}/s", spread(&baselines, thousands)),
+                &spread(&these, |r| format!("{r:.2}")),
+                if tasks == 64 { ">= 1.0" } else { "" },
+            );
         }
         let members = pools.members(pool).await.unwrap();
         let scores: Vec<f64> = members.iter().map(|(_, s)| *s).collect();
-        let spread = scores.iter().cloned().fold(f64::MIN, f64::max)
+        let widest = scores.iter().cloned().fold(f64::MIN, f64::max)
             - scores.iter().cloned().fold(f64::MAX, f64::min);
-        println!("Spread after {} allocations on 10 members: {spread}", scores.iter().sum::<f64>());
+        println!("Spread after {} allocations on 10 members: {widest}", scores.iter().sum::<f64>());
         pools.delete_pool(pool).await.unwrap();
     });
 }

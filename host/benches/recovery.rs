@@ -25,6 +25,10 @@ use serde_json::json;
 
 use owned_postgres::OwnedPostgres;
 
+#[path = "support/row.rs"]
+mod row;
+use row::{row, spread};
+
 const AWARD: &str = r#"{
   "id": "regular", "title": "Regular",
   "objectives": [{"id": "visits",
@@ -138,6 +142,19 @@ fn main() {
             laurel.push(up.elapsed().as_secs_f64() * 1000.0);
             tokio::time::sleep(Duration::from_secs(2)).await;
         }
+        let median = |values: &[f64]| {
+            let mut sorted = values.to_vec();
+            sorted.sort_by(f64::total_cmp);
+            sorted[sorted.len() / 2]
+        };
+        row(
+            "recovery",
+            &format!("first batch applied after PostgreSQL is back ({outages} crashes, down {} ms each; baseline: a new client connects and queries)", down.as_millis()),
+            &spread(&laurel, |ms| format!("{ms:.0} ms")),
+            &spread(&client, |ms| format!("{ms:.0} ms")),
+            &format!("{:.0}x (medians)", median(&laurel) / median(&client)),
+            "< 5 s",
+        );
         println!(
             "Baseline: a new client connected and queried, after PostgreSQL came back: {}",
             summary(client)

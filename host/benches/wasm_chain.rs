@@ -16,6 +16,10 @@ use laurel::registry::{self, Registry};
 use laurel::runtime::{Event, FilterInstance, Limits, RuleInstance, Runtime};
 use laurel_guest::{Filter as _, Rule as _};
 
+#[path = "support/row.rs"]
+mod row;
+use row::row;
+
 const EVENTS: usize = 1000;
 const ROUNDS: usize = 15;
 
@@ -188,6 +192,14 @@ fn main() {
         per_event(wc),
         wc.as_secs_f64() / nc.as_secs_f64()
     );
+    row(
+        "wasm_chain",
+        "Kafka bytes to contributions, 3 filters and a rule in Wasm (baseline: the same crates native)",
+        &format!("{:.2} us/event", per_event(wf) / 1e3),
+        &format!("{:.2} us/event", per_event(nf) / 1e3),
+        &format!("{:.2}x", wf.as_secs_f64() / nf.as_secs_f64()),
+        "<= 2x",
+    );
 
     // What one event costs to cross into a component and back: a filter
     // that does nothing with it.
@@ -206,9 +218,17 @@ fn main() {
         black_box(accept.matches(&wasm_events).unwrap());
         samples.push(t.elapsed());
     }
+    let crossing = per_event(median(samples));
     println!(
-        "  crossing alone (a filter that accepts everything): {:8.0} ns/event per call",
-        per_event(median(samples))
+        "  crossing alone (a filter that accepts everything): {crossing:8.0} ns/event per call"
+    );
+    row(
+        "wasm_chain",
+        "crossing into a component and back (a filter that accepts everything)",
+        &format!("{crossing:.0} ns/event per call"),
+        "",
+        "",
+        "",
     );
 
     // Instantiate: a new instance of a loaded version, created from a config.
@@ -233,6 +253,14 @@ fn main() {
         "Instantiate + create from config: {:.1} us (median of 200); compiling the component: {:.0} ms",
         instantiate.as_secs_f64() * 1e6,
         compile.as_secs_f64() * 1e3
+    );
+    row(
+        "wasm_chain",
+        "instantiate + create from config (median of 200)",
+        &format!("{:.1} us", instantiate.as_secs_f64() * 1e6),
+        "",
+        "",
+        "",
     );
 
     hot_swap(&runtime);
@@ -285,6 +313,18 @@ fn hot_swap(runtime: &Runtime) {
             "Hot swap (push committed -> running registry serves it, compile included): median {:.1} ms, max {:.1} ms over 20 pushes",
             swap.as_secs_f64() * 1e3,
             worst.as_secs_f64() * 1e3
+        );
+        row(
+            "wasm_chain",
+            "hot swap: push committed -> running registry serves it (20 pushes)",
+            &format!(
+                "median {:.0} ms, max {:.0} ms",
+                swap.as_secs_f64() * 1e3,
+                worst.as_secs_f64() * 1e3
+            ),
+            "",
+            "",
+            "",
         );
     });
 }

@@ -271,3 +271,50 @@ fn the_docs_links_resolve() {
     }
     assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
 }
+
+/// host/benches/README.md's table holds a row of every bench, written by
+/// host/benches/regenerate from what the bench printed: each bench prints
+/// its rows through benches/support/row.rs, and each row names the
+/// command, the day and the commit it was measured on.
+#[test]
+fn every_bench_has_its_row_of_current_figures() {
+    let host = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let manifest = std::fs::read_to_string(host.join("Cargo.toml")).unwrap();
+    let benches: Vec<&str> = manifest
+        .split("[[bench]]")
+        .skip(1)
+        .filter_map(|section| section.split('"').nth(1))
+        .collect();
+    assert!(benches.len() >= 9, "{benches:?}");
+    let page = std::fs::read_to_string(host.join("benches/README.md")).unwrap();
+    let begin = "<!-- figures: written by host/benches/regenerate -->";
+    let table = page
+        .split_once(begin)
+        .and_then(|(_, rest)| rest.split_once("<!-- /figures -->"))
+        .map(|(table, _)| table)
+        .expect("the figures markers");
+    for bench in benches {
+        let source = std::fs::read_to_string(host.join(format!("benches/{bench}.rs"))).unwrap();
+        assert!(
+            source.contains("mod row;") && source.contains(&format!("\"{bench}\"")),
+            "benches/{bench}.rs prints no row of its own"
+        );
+        let rows: Vec<&str> = table
+            .lines()
+            .filter(|line| line.contains(&format!("--bench {bench}`")))
+            .collect();
+        assert!(
+            !rows.is_empty(),
+            "no row of {bench} in host/benches/README.md"
+        );
+        for row in rows {
+            assert_eq!(row.matches(" | ").count(), 6, "seven columns: {row}");
+            let measured = row.trim_end_matches(" |").rsplit(" | ").next().unwrap();
+            let day = measured.split(',').next().unwrap();
+            assert!(
+                day.len() == 10 && day.as_bytes()[4] == b'-' && day.as_bytes()[7] == b'-',
+                "a row names the day it was measured: {row}"
+            );
+        }
+    }
+}

@@ -120,9 +120,9 @@ fn main() {
         row(
             "backfill",
             &format!("backfill from history: {count} stored items -> Wasm filters and rule -> counters (baseline: ingest of the same items from Kafka)"),
-            &format!("{} items/s", spread(&backfills, thousands)),
-            &format!("{} items/s", spread(&ingests, thousands)),
-            &spread(&ratios, |r| format!("{r:.2}")),
+            &spread(&backfills, thousands, "items/s"),
+            &spread(&ingests, thousands, "items/s"),
+            &spread(&ratios, |r| format!("{r:.2}"), ""),
             ">= 1.0",
         );
     });

@@ -239,9 +239,9 @@ fn main() {
         row(
             "ingest",
             &format!("Kafka -> Wasm filters and rules -> committed counters, {count} events (baseline: UNNEST upserts, 500 rows a transaction; ratio: events per baseline row)"),
-            &format!("{} events/s", spread(&clean, thousands)),
+            &spread(&clean, thousands, "events/s"),
             &format!("{} rows/s", thousands(rows_per_s)),
-            &spread(&per_row, |r| format!("{r:.2}")),
+            &spread(&per_row, |r| format!("{r:.2}"), ""),
             ">= 30K events/s",
         );
         row(
@@ -249,7 +249,7 @@ fn main() {
             "the same stream with every 100th message hostile, each dead-lettered with its reason (baseline: the clean stream)",
             "",
             "",
-            &spread(&ratios, |r| format!("{r:.2}")),
+            &spread(&ratios, |r| format!("{r:.2}"), ""),
             ">= 0.9",
         );
         row(
@@ -257,7 +257,7 @@ fn main() {
             "the clean stream while 200 clients scrape /metrics and /healthz once a second each (baseline: the clean stream)",
             "",
             "",
-            &spread(&scraped, |r| format!("{r:.2}")),
+            &spread(&scraped, |r| format!("{r:.2}"), ""),
             "",
         );
     });

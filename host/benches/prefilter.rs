@@ -125,9 +125,9 @@ fn main() {
         row(
             "prefilter",
             &format!("raw records -> JsonTransform in Wasm -> kept events, {count} records, pinned to one core (baseline: a bare rdkafka consumer, pinned the same)"),
-            &format!("{} records/s", spread(&laurels, thousands)),
-            &format!("{} records/s", spread(&bares, thousands)),
-            &spread(&ratios, |r| format!("{r:.2}")),
+            &spread(&laurels, thousands, "records/s"),
+            &spread(&bares, thousands, "records/s"),
+            &spread(&ratios, |r| format!("{r:.2}"), ""),
             ">= 0.5 and >= 150K records/s",
         );
     });

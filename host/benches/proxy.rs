@@ -100,9 +100,9 @@ fn main() {
             row(
                 "proxy",
                 &format!("proxy allocations from one process, {tasks} tasks on one connection (baseline: redis-benchmark, 16 clients, the same EVALSHA)"),
-                &format!("{}/s", spread(&laurel, thousands)),
-                &format!("{}/s", spread(&baselines, thousands)),
-                &spread(&these, |r| format!("{r:.2}")),
+                &spread(&laurel, thousands, "allocations/s"),
+                &spread(&baselines, thousands, "allocations/s"),
+                &spread(&these, |r| format!("{r:.2}"), ""),
                 if tasks == 64 { ">= 1.0" } else { "" },
             );
         }

@@ -150,8 +150,8 @@ fn main() {
         row(
             "recovery",
             &format!("first batch applied after PostgreSQL is back ({outages} crashes, down {} ms each; baseline: a new client connects and queries)", down.as_millis()),
-            &spread(&laurel, |ms| format!("{ms:.0} ms")),
-            &spread(&client, |ms| format!("{ms:.0} ms")),
+            &spread(&laurel, |ms| format!("{ms:.0}"), "ms"),
+            &spread(&client, |ms| format!("{ms:.0}"), "ms"),
             &format!("{:.0}x (medians)", median(&laurel) / median(&client)),
             "< 5 s",
         );

@@ -34,21 +34,36 @@ pub fn row(bench: &str, measure: &str, figure: &str, baseline: &str, ratio: &str
     );
 }
 
-/// Several rounds' figures as one: "low-high, median m" (or the one value).
+/// Several rounds' figures as one: "31.9K-34.6K events/s (median 33.3K,
+/// 2 rounds)", or the one value; `show` formats a value, `unit` follows
+/// the range. The median of an even count is the mean of the middle two.
 #[allow(dead_code)] // not every bench has rounds
-pub fn spread(values: &[f64], show: impl Fn(f64) -> String) -> String {
+pub fn spread(values: &[f64], show: impl Fn(f64) -> String, unit: &str) -> String {
     let mut sorted = values.to_vec();
     sorted.sort_by(f64::total_cmp);
+    let unit = if unit.is_empty() {
+        String::new()
+    } else {
+        format!(" {unit}")
+    };
     match sorted.as_slice() {
         [] => String::new(),
-        [one] => show(*one),
-        [low, .., high] => format!(
-            "{}-{}, median {} ({} rounds)",
-            show(*low),
-            show(*high),
-            show(sorted[sorted.len() / 2]),
-            sorted.len()
-        ),
+        [one] => format!("{}{unit}", show(*one)),
+        [low, .., high] => {
+            let middle = sorted.len() / 2;
+            let median = if sorted.len().is_multiple_of(2) {
+                (sorted[middle - 1] + sorted[middle]) / 2.0
+            } else {
+                sorted[middle]
+            };
+            format!(
+                "{}-{}{unit} (median {}, {} rounds)",
+                show(*low),
+                show(*high),
+                show(median),
+                sorted.len()
+            )
+        }
     }
 }
 

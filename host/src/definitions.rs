@@ -34,6 +34,10 @@ pub struct AwardDefinition {
     /// users did before (`crate::backfill`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backfill: Option<BackfillFrom>,
+    /// Whether anyone may see a user's progress on this award as a public
+    /// badge (HTTP functions' `public-badge`; users may opt out).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub public_badge: bool,
 }
 
 /// What an award credits when it is applied, besides the events after it.

@@ -108,17 +108,9 @@ pub(super) async fn http_function(
     };
     let limit = state.settings.max_body_bytes;
     let (parts, body) = request.into_parts();
-    let bytes = match axum::body::to_bytes(body, limit).await {
+    let bytes = match super::read_body(body, limit).await {
         Ok(bytes) => bytes,
-        Err(error) => {
-            if let Some(late) = super::BodyLate::in_chain(&error) {
-                return ApiError::RequestTimeout(late.to_string()).into_response();
-            }
-            return ApiError::PayloadTooLarge(format!(
-                "the request body is over the limit of {limit} bytes"
-            ))
-            .into_response();
-        }
+        Err(error) => return error.into_response(),
     };
     match functions
         .handle(axum::http::Request::from_parts(parts, bytes), None)

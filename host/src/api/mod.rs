@@ -8,6 +8,7 @@
 
 mod admin;
 mod auth;
+mod badges;
 mod error;
 mod explain;
 mod functions;
@@ -546,6 +547,20 @@ pub(crate) fn body(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<
             ))
         } else {
             ApiError::BadRequest(format!("the request body could not be read: {rejection}"))
+        }
+    })
+}
+
+/// A body read by its handler (after the route's authentication), up to
+/// `limit` bytes: 413 beyond, 408 if it came too slowly.
+pub(crate) async fn read_body(body: axum::body::Body, limit: usize) -> Result<Bytes, ApiError> {
+    axum::body::to_bytes(body, limit).await.map_err(|error| {
+        if let Some(late) = BodyLate::in_chain(&error) {
+            ApiError::RequestTimeout(late.to_string())
+        } else {
+            ApiError::PayloadTooLarge(format!(
+                "the request body is over the limit of {limit} bytes, or could not be read"
+            ))
         }
     })
 }

@@ -99,37 +99,11 @@ pub async fn user_awards(
                     .unwrap_or_default(),
             })
             .collect();
-        let (progress, goal, started, completed, completed_at, error) =
-            match achieved.get(&award.id) {
-                Some(a) => (
-                    a.progress,
-                    a.goal,
-                    a.started,
-                    a.completed,
-                    a.completed_at,
-                    a.error.clone(),
-                ),
-                None => {
-                    let (progress, goal, error) = match state.zero_progress(award, version).await {
-                        Ok((progress, goal)) => (progress, goal, None),
-                        Err(error) => (0.0, 0.0, Some(error)),
-                    };
-                    (progress, goal, false, false, None, error)
-                }
-            };
+        let summary = state
+            .summary(award, version, achieved.get(&award.id), audience)
+            .await;
         awards.push(AwardProgress {
-            summary: AwardSummary {
-                award_id: award.id.clone(),
-                title: award.title.clone(),
-                description: award.description.clone(),
-                progress,
-                goal,
-                remaining: (goal - progress).max(0.0),
-                started,
-                completed,
-                completed_at: completed_at.map(|t| t.to_rfc3339_opts(SecondsFormat::Millis, true)),
-                error: error.filter(|_| audience == Audience::Admin),
-            },
+            summary,
             objectives,
         });
     }
@@ -137,6 +111,88 @@ pub async fn user_awards(
         user_id: user_id.to_string(),
         awards,
     })
+}
+
+/// One award's progress for a public badge: only an award whose definition
+/// says `"public_badge": true` has one (else NotFound). A user who opted
+/// out, is banned or deleted, or is unknown gets the award at no progress:
+/// the same answer as a user who has none, so a badge tells nobody which
+/// users exist.
+pub async fn public_badge(
+    state: &AppState,
+    user_id: &str,
+    award_id: &str,
+) -> Result<AwardSummary, ApiError> {
+    let snapshot = state.catalog.snapshot();
+    let Some(award) = snapshot
+        .awards
+        .iter()
+        .find(|a| a.id == award_id && a.public_badge)
+    else {
+        return Err(ApiError::NotFound(format!(
+            "award {award_id} has no public badge"
+        )));
+    };
+    let version = snapshot.versions.get(&award.id).copied().unwrap_or(0);
+    let store = state.store().await?;
+    let (user_state, public, achieved) = tokio::try_join!(
+        store.user_state(user_id),
+        store.badges_public(user_id),
+        store.user_achievements(user_id)
+    )?;
+    drop(store);
+    let shown = (user_state == "active" && public)
+        .then(|| achieved.into_iter().find(|(id, _)| *id == award.id))
+        .flatten();
+    Ok(state
+        .summary(
+            award,
+            version,
+            shown.as_ref().map(|(_, a)| a),
+            Audience::User,
+        )
+        .await)
+}
+
+impl AppState {
+    /// An award's progress from the user's row, or at zero without one.
+    async fn summary(
+        &self,
+        award: &AwardDefinition,
+        version: i32,
+        achieved: Option<&crate::store::AchieveState>,
+        audience: Audience,
+    ) -> AwardSummary {
+        let (progress, goal, started, completed, completed_at, error) = match achieved {
+            Some(a) => (
+                a.progress,
+                a.goal,
+                a.started,
+                a.completed,
+                a.completed_at,
+                a.error.clone(),
+            ),
+            None => {
+                let (progress, goal, error) = match self.zero_progress(award, version).await {
+                    Ok((progress, goal)) => (progress, goal, None),
+                    Err(error) => (0.0, 0.0, Some(error)),
+                };
+                (progress, goal, false, false, None, error)
+            }
+        };
+        AwardSummary {
+            award_id: award.id.clone(),
+            title: award.title.clone(),
+            description: award.description.clone(),
+            progress,
+            goal,
+            remaining: (goal - progress).max(0.0),
+            started,
+            completed,
+            completed_at: completed_at.map(|t| t.to_rfc3339_opts(SecondsFormat::Millis, true)),
+            error: error.filter(|_| audience == Audience::Admin),
+        }
+    }
 }
 
 type ZeroKey = (String, i32, u64);

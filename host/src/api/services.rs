@@ -8,7 +8,7 @@ use bytes::Bytes;
 
 use futures_util::future::BoxFuture;
 
-use super::progress::{Audience, user_awards};
+use super::progress::{Audience, public_badge, user_awards};
 use super::{ApiError, AppState};
 use crate::event::Envelope;
 use crate::kafka::EventPublisher;
@@ -169,7 +169,15 @@ impl HttpServices for Services {
                 ));
             }
             let mut messages = Vec::with_capacity(events.len());
+            let max_bytes = state.settings.max_event_bytes;
             for (index, text) in events.into_iter().enumerate() {
+                // Ingest would dead-letter it: refused here, with why.
+                if text.len() > max_bytes {
+                    return Err(format!(
+                        "event {index} is {} bytes, over the event limit of {max_bytes} bytes (LAUREL_MAX_EVENT_BYTES)",
+                        text.len()
+                    ));
+                }
                 let envelope = Envelope::parse(text.as_bytes())
                     .map_err(|e| format!("event {index} is not a valid event: {e}"))?;
                 if envelope.source != source {
@@ -202,6 +210,23 @@ impl HttpServices for Services {
             let state = state.map_err(ProgressError::Unavailable)?;
             match user_awards(&state, &user_id, Audience::User).await {
                 Ok(awards) => serde_json::to_string(&awards)
+                    .map_err(|e| ProgressError::Unavailable(e.to_string())),
+                Err(ApiError::NotFound(message)) => Err(ProgressError::NotFound(message)),
+                Err(error) => Err(ProgressError::Unavailable(error.to_string())),
+            }
+        })
+    }
+
+    fn public_badge(
+        &self,
+        user_id: String,
+        award_id: String,
+    ) -> BoxFuture<'static, Result<String, ProgressError>> {
+        let state = self.state();
+        Box::pin(async move {
+            let state = state.map_err(ProgressError::Unavailable)?;
+            match public_badge(&state, &user_id, &award_id).await {
+                Ok(award) => serde_json::to_string(&award)
                     .map_err(|e| ProgressError::Unavailable(e.to_string())),
                 Err(ApiError::NotFound(message)) => Err(ProgressError::NotFound(message)),
                 Err(error) => Err(ProgressError::Unavailable(error.to_string())),

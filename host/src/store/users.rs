@@ -118,6 +118,34 @@ impl Store {
         Ok(row.map_or_else(|| "active".to_string(), |r| r.get(0)))
     }
 
+    /// Whether the user's progress may be shown on public badges (the
+    /// user did not opt out).
+    pub async fn badges_public(&self, user_id: &str) -> Result<bool, StoreError> {
+        let row = self
+            .client()
+            .query_opt(
+                "SELECT 1 FROM badge_opt_outs WHERE user_id = $1",
+                &[&user_id],
+            )
+            .await
+            .context("reading a user's badge choice")?;
+        Ok(row.is_none())
+    }
+
+    /// Records whether the user's progress may be shown on public badges.
+    pub async fn set_badges_public(&self, user_id: &str, public: bool) -> Result<(), StoreError> {
+        let statement = if public {
+            "DELETE FROM badge_opt_outs WHERE user_id = $1"
+        } else {
+            "INSERT INTO badge_opt_outs (user_id) VALUES ($1) ON CONFLICT DO NOTHING"
+        };
+        self.client()
+            .execute(statement, &[&user_id])
+            .await
+            .context("recording a user's badge choice")?;
+        Ok(())
+    }
+
     /// A user's processing log, newest first: up to `limit` entries older
     /// than the entry `before` (all, without it).
     pub async fn user_log(

@@ -18,7 +18,7 @@ use crate::api::Server;
 use crate::pipeline_support::Pipeline;
 
 const CHECKINS: &str = r#"[{
-  "id": "regular", "title": "Regular",
+  "id": "regular", "title": "Regular", "public_badge": true,
   "objectives": [{"id": "checkins",
     "filters": [{"name": "SourceFilter", "config": {"sources": ["checkins"]}}],
     "rule": {"name": "ContentStatusRule", "config": {"counters": {"active": "checkins"}}},
@@ -215,18 +215,74 @@ async fn checkins_become_progress_and_the_badge_shows_it() {
     let (_, headers, _) = server.raw("GET", "/badges/u-1/regular", &[], "").await;
     assert_eq!(headers["x-badge-views"], "2");
     let (status, _, body) = server.raw("GET", "/badges/u-1/nope", &[], "").await;
-    assert_eq!((status, body.as_str()), (404, "award nope not found\n"));
+    assert_eq!(
+        (status, body.as_str()),
+        (404, "award nope has no public badge\n")
+    );
     // A made-up user id gets a badge at 0, and writes nothing: many of
     // them cannot fill the store.
+    let mut unknown = String::new();
     for i in 0..20 {
-        let (status, headers, _) = server
+        let (status, headers, svg) = server
             .raw("GET", &format!("/badges/crawler-{i}/regular"), &[], "")
             .await;
         assert_eq!(status, 200);
         assert!(headers.get("x-badge-views").is_none());
+        unknown = svg;
     }
+    assert!(
+        unknown.contains("<title>Tests: Regular, 0 / 3</title>"),
+        "{unknown}"
+    );
     let (_, headers, _) = server.raw("GET", "/badges/u-1/regular", &[], "").await;
     assert_eq!(headers["x-badge-views"], "3");
+
+    // u-1 opts out with the user's own token: the badge is the one of a
+    // user nobody knows, the same bytes, and counts no view.
+    let token = crate::api::user_token("u-1", crate::api::JWT_SECRET, 3600);
+    let bearer = format!("Bearer {token}");
+    let as_u1 = [("authorization", bearer.as_str())];
+    let (status, _, body) = server
+        .raw(
+            "PUT",
+            "/v1/users/u-1/badges",
+            &as_u1,
+            r#"{"public": false}"#,
+        )
+        .await;
+    assert_eq!(
+        (status, body.as_str()),
+        (200, r#"{"user_id":"u-1","public":false}"#)
+    );
+    // Another user's choice is not u-1's to make.
+    let (status, _, _) = server
+        .raw(
+            "PUT",
+            "/v1/users/u-2/badges",
+            &as_u1,
+            r#"{"public": false}"#,
+        )
+        .await;
+    assert_eq!(status, 403);
+    let (status, headers, svg) = server.raw("GET", "/badges/u-1/regular", &[], "").await;
+    assert_eq!(status, 200);
+    assert!(headers.get("x-badge-views").is_none());
+    assert_eq!(svg, unknown);
+    let (status, _, body) = server.raw("GET", "/v1/users/u-1/badges", &as_u1, "").await;
+    assert_eq!(
+        (status, body.as_str()),
+        (200, r#"{"user_id":"u-1","public":false}"#)
+    );
+    let (status, _, _) = server
+        .raw("PUT", "/v1/users/u-1/badges", &as_u1, r#"{"public": true}"#)
+        .await;
+    assert_eq!(status, 200);
+    let (_, headers, svg) = server.raw("GET", "/badges/u-1/regular", &[], "").await;
+    assert_eq!(headers["x-badge-views"], "4");
+    assert!(
+        svg.contains("<title>Tests: Regular, 2 / 3</title>"),
+        "{svg}"
+    );
 
     // Laurel's own routes still answer as before; unknown paths get JSON.
     let (status, _, body) = server.raw("GET", "/nowhere", &[], "").await;
@@ -489,6 +545,12 @@ async fn the_repository_spin_toml_is_served_from_the_built_in_components() {
     assert!(
         svg.contains("<title>Laurel: Content maker, 0 / 15</title>"),
         "{svg}"
+    );
+    // An award that does not opt in to public badges has none.
+    let (status, _, body) = server.raw("GET", "/badges/u-9/three-photos", &[], "").await;
+    assert_eq!(
+        (status, body.as_str()),
+        (404, "award three-photos has no public badge\n")
     );
     // Without SPIN_VARIABLE_CHECKINS_TOKEN the adapter takes nothing.
     let (status, _, body) = server.raw("POST", "/ingest/checkins", &[], "{}").await;
@@ -787,4 +849,39 @@ async fn an_http_function_pushed_under_its_component_id_serves_without_a_restart
     );
     drop(server);
     db.drop_database().await;
+}
+
+/// An HTTP function cannot publish what ingest would dead-letter for its
+/// size: an event past LAUREL_MAX_EVENT_BYTES is refused with why, and
+/// nothing of the batch is published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_published_event_past_the_event_limit_is_refused_with_why() {
+    let mut p = Pipeline::start(CHECKINS, &["checkins"]).await;
+    let (allowed, _) = counting_server().await;
+    let server = Server::start_custom(
+        &p.db.url,
+        p.registry.clone(),
+        Some(p.broker.bootstrap_servers()),
+        Some((manifest(&app("big"), allowed, "").unwrap(), limits())),
+        |settings| settings.max_event_bytes = 2048,
+    )
+    .await
+    .unwrap();
+    let auth = [("authorization", "Bearer let-me-in")];
+    let mut big = checkin("c-9", "u-1", "checkin.created", 1);
+    big["checkin"]["venue"]["category"] = json!("x".repeat(3000));
+    let batch = json!([checkin("c-8", "u-1", "checkin.created", 1), big]);
+    let (status, _, body) = server
+        .raw("POST", "/ingest/checkins", &auth, &batch.to_string())
+        .await;
+    assert_eq!(status, 422, "{body}");
+    assert!(
+        body.contains("event 1 is ")
+            && body.contains("bytes, over the event limit of 2048 bytes (LAUREL_MAX_EVENT_BYTES)"),
+        "{body}"
+    );
+    p.settle("checkins", "u-1").await;
+    assert!(p.objective("u-1", "regular", "checkins").await.is_empty());
+    drop(server);
+    p.stop().await;
 }

@@ -418,6 +418,37 @@ async fn answers_match_the_documented_bodies_both_ways() {
         None,
     )
     .await;
+    let choice = |public: bool| {
+        Some((
+            "application/json",
+            json!({"public": public}).to_string().into_bytes(),
+        ))
+    };
+    c.check(
+        "PUT",
+        "/v1/users/{user_id}/badges",
+        "/v1/users/u-1/badges",
+        Some(&user),
+        choice(false),
+    )
+    .await;
+    c.check(
+        "GET",
+        "/v1/users/{user_id}/badges",
+        "/v1/users/u-1/badges",
+        Some(&user),
+        None,
+    )
+    .await;
+    c.admin(
+        "PUT",
+        "/users/{user_id}/badges",
+        "/users/u-1/badges",
+        Some(json!({"public": true})),
+    )
+    .await;
+    c.admin("GET", "/users/{user_id}/badges", "/users/u-1/badges", None)
+        .await;
     let reads = [
         ("/pipelines", "/pipelines"),
         ("/pipelines/{name}", "/pipelines/navigator"),

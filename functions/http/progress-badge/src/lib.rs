@@ -1,10 +1,13 @@
 //! A user's progress on one award as an SVG badge:
 //! `GET /badges/{user_id}/{award_id}[.svg]`.
 //!
-//! Progress comes from Laurel (`laurel:http/progress`), the badge's label
-//! from the `label` variable, and each badge's view count is kept in the
-//! default key-value store (sent back as `x-badge-views`) for users with
-//! some progress: a request for an unknown user id writes nothing.
+//! Progress comes from Laurel (`laurel:http/progress`, `public-badge`):
+//! only awards whose definition says `"public_badge": true` have a badge,
+//! and a user who opted out, or is unknown, shows no progress, the same
+//! badge as a user who has none. The badge's label comes from the `label`
+//! variable, and each badge's view count is kept in the default key-value
+//! store (sent back as `x-badge-views`) once the user has started: a
+//! request for an unknown user id writes nothing.
 
 use serde::Deserialize;
 use spin_sdk::http::{IntoResponse, Request};
@@ -17,16 +20,10 @@ spin_sdk::wit_bindgen::generate!({
     runtime_path: "spin_sdk::wit_bindgen::rt",
 });
 
-use laurel::http::progress::{ProgressError, user_awards};
-
-#[derive(Deserialize)]
-struct Awards {
-    awards: Vec<Award>,
-}
+use laurel::http::progress::{ProgressError, public_badge};
 
 #[derive(Deserialize)]
 struct Award {
-    award_id: String,
     title: String,
     progress: f64,
     goal: f64,
@@ -50,15 +47,15 @@ async fn badge(request: Request) -> impl IntoResponse {
     if user_id.is_empty() || award_id.is_empty() {
         return text(400, "use /badges/{user_id}/{award_id}");
     }
-    let awards = match user_awards(&user_id) {
+    let award = match public_badge(&user_id, award_id) {
         Ok(json) => json,
-        Err(ProgressError::NotFound(_)) => return text(404, &format!("user {user_id} not found")),
+        Err(ProgressError::NotFound(why)) => return text(404, &why),
         Err(ProgressError::Unavailable(why)) => {
             return text(503, &format!("progress is unavailable: {why}"));
         }
     };
-    let awards: Awards = match serde_json::from_str(&awards) {
-        Ok(awards) => awards,
+    let award: Award = match serde_json::from_str(&award) {
+        Ok(award) => award,
         Err(error) => {
             return text(
                 502,
@@ -66,21 +63,17 @@ async fn badge(request: Request) -> impl IntoResponse {
             );
         }
     };
-    let Some(award) = awards.awards.iter().find(|a| a.award_id == award_id) else {
-        return text(404, &format!("award {award_id} not found"));
-    };
     let label = spin_sdk::variables::get("label")
         .await
         .unwrap_or_else(|_| "Laurel".to_string());
-    // Views are counted for users Laurel knows (some progress), so a
-    // crawler of made-up ids writes nothing.
-    let known = awards.awards.iter().any(|a| a.started);
-    let views = if known {
+    // Views are counted once the user has started, so a crawler of
+    // made-up ids writes nothing.
+    let views = if award.started {
         count_view(&format!("views/{user_id}/{award_id}")).await
     } else {
         None
     };
-    let svg = render(&label, award);
+    let svg = render(&label, &award);
     let mut response = http::Response::builder()
         .status(200)
         .header("content-type", "image/svg+xml")

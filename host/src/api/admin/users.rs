@@ -4,13 +4,16 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, Query, State};
 use serde::Serialize;
 use serde_json::Value;
 
 use super::{next_before, page, time};
+use crate::api::badges::{self, BadgeChoice};
 use crate::api::progress::{Audience, UserAwards, user_awards};
-use crate::api::{ApiError, AppState};
+use crate::api::{ApiError, AppState, body};
 use crate::objectives::Verdict;
 use crate::store::LogRecord;
 
@@ -19,6 +22,25 @@ pub(super) async fn awards(
     Path(user_id): Path<String>,
 ) -> Result<Json<UserAwards>, ApiError> {
     Ok(Json(user_awards(&state, &user_id, Audience::Admin).await?))
+}
+
+/// `GET /users/{user_id}/badges`: whether the user's progress shows on
+/// public badges.
+pub(super) async fn badge_choice(
+    State(state): State<Arc<AppState>>,
+    Path(user_id): Path<String>,
+) -> Result<Json<BadgeChoice>, ApiError> {
+    Ok(Json(badges::get(&state, &user_id).await?))
+}
+
+/// `PUT /users/{user_id}/badges`: the user's choice, set by support.
+pub(super) async fn set_badge_choice(
+    State(state): State<Arc<AppState>>,
+    Path(user_id): Path<String>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Json<BadgeChoice>, ApiError> {
+    let bytes = body(raw, state.settings.max_body_bytes)?;
+    Ok(Json(badges::set(&state, &user_id, &bytes).await?))
 }
 
 /// `GET /users/{user_id}/log`: a page of the processing log, newest first.

@@ -56,6 +56,12 @@ pub trait HttpServices: Send + Sync + 'static {
     ) -> BoxFuture<'static, Result<u32, String>>;
     /// A user's awards as the public API's JSON.
     fn user_awards(&self, user_id: String) -> BoxFuture<'static, Result<String, ProgressError>>;
+    /// One award's progress for a public badge, as JSON (see the WIT).
+    fn public_badge(
+        &self,
+        user_id: String,
+        award_id: String,
+    ) -> BoxFuture<'static, Result<String, ProgressError>>;
     /// Key-value stores (Spin's `key_value_stores`): one namespace per label.
     fn kv_get(
         &self,
@@ -148,10 +154,27 @@ impl progress::Host for SpinView<'_> {
             .services
             .user_awards(user_id)
             .await
-            .map_err(|e| match e {
-                ProgressError::NotFound(m) => progress::ProgressError::NotFound(m),
-                ProgressError::Unavailable(m) => progress::ProgressError::Unavailable(m),
-            }))
+            .map_err(progress_error))
+    }
+
+    async fn public_badge(
+        &mut self,
+        user_id: String,
+        award_id: String,
+    ) -> wasmtime::Result<Result<String, progress::ProgressError>> {
+        Ok(self
+            .ctx
+            .services
+            .public_badge(user_id, award_id)
+            .await
+            .map_err(progress_error))
+    }
+}
+
+fn progress_error(error: ProgressError) -> progress::ProgressError {
+    match error {
+        ProgressError::NotFound(m) => progress::ProgressError::NotFound(m),
+        ProgressError::Unavailable(m) => progress::ProgressError::Unavailable(m),
     }
 }
 

@@ -398,6 +398,31 @@ fn truncate(mut text: String, max: usize) -> String {
     text
 }
 
+/// Most names a function may declare it reads (a filter's sources or
+/// event types, a strategy's objectives).
+pub const MAX_DECLARED: usize = 1000;
+
+/// A declared list of names, checked: at most [`MAX_DECLARED`], each a
+/// name as events and awards have them (1 to 256 bytes, no control
+/// characters). Every plan and query is built from these lists.
+fn declared(names: &[String], what: &str) -> Result<(), String> {
+    if names.len() > MAX_DECLARED {
+        return Err(format!(
+            "{} {what} declared, over the limit of {MAX_DECLARED}",
+            names.len()
+        ));
+    }
+    for (n, name) in names.iter().enumerate() {
+        if name.is_empty() || name.len() > 256 || name.chars().any(char::is_control) {
+            return Err(format!(
+                "{what}[{n}] is not a name (1 to 256 bytes, no control characters): {:?}",
+                truncate(name.clone(), 64)
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// A filter created from one config.
 pub struct FilterInstance {
     slot: Slot<FilterWorld>,
@@ -417,6 +442,12 @@ impl FilterInstance {
             Some(scope) => scope.call_event_types(store, &config),
             None => Ok(None),
         })?;
+        if let Some(list) = &sources {
+            declared(list, "sources").map_err(|reason| slot.invalid(reason))?;
+        }
+        if let Some(list) = &event_types {
+            declared(list, "event_types").map_err(|reason| slot.invalid(reason))?;
+        }
         Ok(FilterInstance {
             slot,
             sources,
@@ -571,6 +602,7 @@ impl StrategyInstance {
                 .strategy()
                 .call_objectives(store, resource)
         })?;
+        declared(&objectives, "objectives").map_err(|reason| slot.invalid(reason))?;
         Ok(StrategyInstance { slot, objectives })
     }
 

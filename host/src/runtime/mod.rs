@@ -288,6 +288,12 @@ struct Inner {
     quarantines: Mutex<Option<mpsc::UnboundedSender<Quarantine>>>,
 }
 
+/// What one component may define, in all its modules: more is refused at
+/// instantiation (the pool's slots are shared by every function).
+pub(crate) const MAX_MEMORIES_PER_COMPONENT: u32 = 4;
+pub(crate) const MAX_TABLES_PER_COMPONENT: u32 = 16;
+pub(crate) const MAX_CORE_INSTANCES_PER_COMPONENT: u32 = 64;
+
 /// Epoch ticks per second; a call's deadline is its budget in ticks.
 const TICK: Duration = Duration::from_millis(2);
 
@@ -308,6 +314,13 @@ impl Runtime {
             .total_core_instances(limits.instances.saturating_mul(8))
             .total_memories(limits.instances.saturating_mul(2))
             .total_tables(limits.instances.saturating_mul(4))
+            // One component cannot take more than its share of the pool's
+            // memories, tables and instances (a Rust, Python or JS function
+            // has one memory and a few tables; more is refused at
+            // instantiation, with why).
+            .max_memories_per_component(MAX_MEMORIES_PER_COMPONENT)
+            .max_tables_per_component(MAX_TABLES_PER_COMPONENT)
+            .max_core_instances_per_component(MAX_CORE_INSTANCES_PER_COMPONENT)
             .max_memory_size(limits.memory_bytes)
             .max_unused_warm_slots(limits.instances.min(100));
         config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
@@ -629,9 +642,7 @@ impl GuestState {
         GuestState {
             wasi,
             table: ResourceTable::new(),
-            limiter: MemoryLimiter {
-                limit: memory_bytes,
-            },
+            limiter: MemoryLimiter::new(memory_bytes),
             stderr,
             random,
         }
@@ -639,30 +650,71 @@ impl GuestState {
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("tried to grow memory to {desired} bytes, over the limit of {limit} bytes")]
+#[error("tried to grow its memories to {desired} bytes in all, over the limit of {limit} bytes")]
 struct MemoryLimitExceeded {
     desired: usize,
     limit: usize,
 }
 
-struct MemoryLimiter {
+/// The instance's memory limit, over all of its linear memories together
+/// (a component may define several; each alone within the limit is not
+/// enough).
+pub(crate) struct MemoryLimiter {
     limit: usize,
+    /// The sizes of the instance's memories together, as granted.
+    used: usize,
+    /// The growth granted last, taken back if it failed.
+    granted: usize,
+}
+
+impl MemoryLimiter {
+    pub(crate) fn new(limit: usize) -> MemoryLimiter {
+        MemoryLimiter {
+            limit,
+            used: 0,
+            granted: 0,
+        }
+    }
 }
 
 impl wasmtime::ResourceLimiter for MemoryLimiter {
     fn memory_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        if desired > self.limit {
+        let growth = desired.saturating_sub(current);
+        let total = self.used.saturating_add(growth);
+        if total > self.limit {
             return Err(wasmtime::Error::new(MemoryLimitExceeded {
-                desired,
+                desired: total,
                 limit: self.limit,
             }));
         }
+        self.used = total;
+        self.granted = growth;
         Ok(true)
+    }
+
+    fn memory_grow_failed(&mut self, _error: wasmtime::Error) -> wasmtime::Result<()> {
+        self.used = self.used.saturating_sub(self.granted);
+        self.granted = 0;
+        Ok(())
+    }
+
+    // Per store, so per instance: the same caps as the pool's per
+    // component, also for HTTP functions (allocated on demand).
+    fn memories(&self) -> usize {
+        MAX_MEMORIES_PER_COMPONENT as usize
+    }
+
+    fn tables(&self) -> usize {
+        MAX_TABLES_PER_COMPONENT as usize
+    }
+
+    fn instances(&self) -> usize {
+        MAX_CORE_INSTANCES_PER_COMPONENT as usize
     }
 
     fn table_growing(
@@ -672,5 +724,40 @@ impl wasmtime::ResourceLimiter for MemoryLimiter {
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
         Ok(desired <= 100_000)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use wasmtime::ResourceLimiter;
+
+    use super::*;
+
+    const MIB: usize = 1 << 20;
+
+    /// The limit holds over all of an instance's memories together: two
+    /// memories of 40 MiB do not fit in 64, whichever grows; a growth that
+    /// failed is given back.
+    #[test]
+    fn the_memory_limit_counts_every_memory_of_the_instance() {
+        let mut limiter = MemoryLimiter::new(64 * MIB);
+        assert!(limiter.memory_growing(0, 40 * MIB, None).unwrap());
+        let refused = limiter.memory_growing(0, 40 * MIB, None).unwrap_err();
+        assert_eq!(
+            refused.to_string(),
+            format!(
+                "tried to grow its memories to {} bytes in all, over the limit of {} bytes",
+                80 * MIB,
+                64 * MIB
+            )
+        );
+        // The first grows on to the limit, then fails for other reasons.
+        assert!(limiter.memory_growing(40 * MIB, 64 * MIB, None).unwrap());
+        limiter
+            .memory_grow_failed(wasmtime::Error::msg("no"))
+            .unwrap();
+        assert!(limiter.memory_growing(0, 24 * MIB, None).unwrap());
+        assert!(limiter.memory_growing(0, 1, None).is_err());
+        assert_eq!(limiter.memories(), 4);
     }
 }

@@ -358,3 +358,39 @@ fn clocks_are_fixed_and_random_repeats_on_every_call() {
     let mut other = RuleInstance::new(function, "{}").unwrap();
     assert_eq!(read(&mut other, "c-3"), first, "another instance");
 }
+
+/// What a filter declares it reads (its sources, its event types) builds
+/// every plan and query: a list past 1,000 names, or a name that is no
+/// name, is refused as an invalid result when the filter is made, with
+/// what is wrong; a list within bounds is taken.
+#[test]
+fn a_filter_declaring_too_many_or_broken_names_is_refused() {
+    let runtime = support::runtime_with(generous());
+    let filter = runtime
+        .load(
+            "HostileFilter",
+            1,
+            &support::guest_bytes("hostile_filter"),
+            Some(FunctionKind::Filter),
+        )
+        .unwrap();
+    let made = FilterInstance::new(filter.clone(), r#"{"sources": 3}"#).unwrap();
+    assert_eq!(
+        made.sources(),
+        Some(&["s-0".to_string(), "s-1".into(), "s-2".into()][..])
+    );
+    let error = FilterInstance::new(filter.clone(), r#"{"sources": 1001}"#)
+        .err()
+        .expect("refused");
+    assert_eq!(
+        error.to_string(),
+        "function HostileFilter v1 returned an invalid result: 1001 sources declared, over the limit of 1000"
+    );
+    let error = FilterInstance::new(filter, r#"{"bad_source": true}"#)
+        .err()
+        .expect("refused");
+    assert_eq!(
+        error.to_string(),
+        "function HostileFilter v1 returned an invalid result: sources[0] is not a name (1 to 256 bytes, no control characters): \"bad\\0name\""
+    );
+}

@@ -594,7 +594,10 @@ fn import_problem(error: &wasmtime::Error) -> String {
 }
 
 /// Spin's request headers: the full URL, the matched route and the rest of
-/// the path, and each route parameter as `spin-path-match-<name>`.
+/// the path, the client's address and each route parameter as
+/// `spin-path-match-<name>`. Every `spin-` header is Laurel's to set: one
+/// the client sent (a made-up `spin-client-addr`, a route parameter) is
+/// dropped first.
 fn with_spin_headers(
     request: http::Request<Bytes>,
     pattern: &str,
@@ -602,6 +605,15 @@ fn with_spin_headers(
     client: Option<std::net::SocketAddr>,
 ) -> http::Request<Bytes> {
     let (mut parts, body) = request.into_parts();
+    let sent: Vec<http::HeaderName> = parts
+        .headers
+        .keys()
+        .filter(|name| name.as_str().starts_with("spin-"))
+        .cloned()
+        .collect();
+    for name in sent {
+        parts.headers.remove(name);
+    }
     let host = parts
         .headers
         .get(http::header::HOST)
@@ -696,9 +708,7 @@ impl HttpState {
                 services: spin.services.clone(),
                 max_body_bytes,
             },
-            limiter: MemoryLimiter {
-                limit: memory_bytes,
-            },
+            limiter: MemoryLimiter::new(memory_bytes),
             spin,
         }
     }
@@ -759,7 +769,7 @@ impl WasiHttpHooks for Outbound {
             .port_u16()
             .unwrap_or(if scheme == "http" { 80 } else { 443 });
         if !self.allowed.iter().any(|h| h.allows(&scheme, &host, port)) {
-            tracing::warn!(message = "HTTP function's outbound request refused: host not in allowed_outbound_hosts.", component = %self.component, url = %uri);
+            tracing::warn!(message = "HTTP function's outbound request refused: host not in allowed_outbound_hosts.", component = %self.component, url = %crate::secrets::redact_url(&uri.to_string()));
             return Box::new(async { Err(wasmtime_wasi_http::Error::HttpRequestDenied) });
         }
         if self.services.proxies_outbound() {
@@ -792,5 +802,49 @@ impl WasiHttpHooks for Outbound {
                 Box::new(io) as Box<dyn Future<Output = _> + Send>,
             ))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A client cannot tell a function its own address, or a route
+    /// parameter: every `spin-` header it sends is dropped, and Laurel's
+    /// are set from the connection and the route.
+    #[test]
+    fn spin_headers_are_laurels_to_set() {
+        let request = http::Request::builder()
+            .uri("/badges/u-1/regular")
+            .header("host", "laurel.example")
+            .header("spin-client-addr", "6.6.6.6:1")
+            .header("spin-path-match-user_id", "someone-else")
+            .header("spin-made-up", "x")
+            .header("x-kept", "yes")
+            .body(Bytes::new())
+            .unwrap();
+        let client: std::net::SocketAddr = "127.0.0.1:40000".parse().unwrap();
+        let params = [("user_id".to_string(), "u-1".to_string())];
+        let seen = with_spin_headers(request, "/badges/:user_id/:award_id", &params, Some(client));
+        let header = |name: &str| {
+            seen.headers()
+                .get(name)
+                .map(|v| v.to_str().unwrap().to_string())
+        };
+        assert_eq!(
+            header("spin-client-addr").as_deref(),
+            Some("127.0.0.1:40000")
+        );
+        assert_eq!(header("spin-path-match-user_id").as_deref(), Some("u-1"));
+        assert_eq!(header("spin-made-up"), None);
+        assert_eq!(header("x-kept").as_deref(), Some("yes"));
+        // Without a known client address, none is claimed.
+        let request = http::Request::builder()
+            .uri("/x")
+            .header("spin-client-addr", "6.6.6.6:1")
+            .body(Bytes::new())
+            .unwrap();
+        let seen = with_spin_headers(request, "/x", &[], None);
+        assert!(seen.headers().get("spin-client-addr").is_none());
     }
 }

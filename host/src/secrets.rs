@@ -4,21 +4,16 @@
 //! (`?token=***`), wherever Laurel writes them: errors, logs, `/healthz`,
 //! the processing log.
 
-/// 128 random bits as hex (from the standard library's hasher seeds,
-/// which it draws from the operating system).
+/// 128 random bits from the operating system's generator, as hex.
 pub fn random_token() -> String {
-    use std::hash::{BuildHasher, Hasher};
-    let half = || {
-        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-        hasher.write_u128(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos())
-                .unwrap_or_default(),
-        );
-        hasher.finish()
-    };
-    format!("{:016x}{:016x}", half(), half())
+    use ring::rand::SecureRandom;
+    let mut bytes = [0u8; 16];
+    // The OS generator does not fail on the systems Laurel runs on; if it
+    // ever did, no token is better than a guessable one.
+    ring::rand::SystemRandom::new()
+        .fill(&mut bytes)
+        .expect("the operating system's random generator answers");
+    hex::encode(bytes)
 }
 
 /// `url` with the password of its user info, and the values of query
@@ -45,6 +40,19 @@ pub fn redact_url(url: &str) -> String {
         None => out.push_str(authority),
     }
     let tail = &rest[authority_end..];
+    let path_end = tail.find(['?', '#']).unwrap_or(tail.len());
+    let path: Vec<&str> = tail[..path_end]
+        .split('/')
+        .map(|segment| {
+            if secret_segment(segment) {
+                "***"
+            } else {
+                segment
+            }
+        })
+        .collect();
+    out.push_str(&path.join("/"));
+    let tail = &tail[path_end..];
     match tail.find('?') {
         Some(q) => {
             out.push_str(&tail[..=q]);
@@ -65,6 +73,19 @@ pub fn redact_url(url: &str) -> String {
         None => out.push_str(tail),
     }
     out
+}
+
+/// A path segment that looks like a key (webhook URLs carry theirs in the
+/// path: Slack's `/services/T../B../<token>`, Discord's
+/// `/api/webhooks/<id>/<token>`): at least 20 characters of letters,
+/// digits, `-` and `_`, with letters and digits both.
+fn secret_segment(segment: &str) -> bool {
+    segment.len() >= 20
+        && segment
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        && segment.chars().any(|c| c.is_ascii_digit())
+        && segment.chars().any(|c| c.is_ascii_alphabetic())
 }
 
 fn secret_name(name: &str) -> bool {
@@ -97,6 +118,28 @@ pub fn redact_url_in(text: &str, secret_url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Webhook URLs that carry their key in the path show without it.
+    #[test]
+    fn keys_in_a_path_are_hidden() {
+        assert_eq!(
+            redact_url(
+                "https://hooks.slack.com/services/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"
+            ),
+            "https://hooks.slack.com/services/T0A1B2C3D/B0A1B2C3D/***"
+        );
+        assert_eq!(
+            redact_url(
+                "https://discord.com/api/webhooks/123456789012345678/Ab-cD_3fGhIjKlMnOpQrStUvWxYz0123456789abcdefGHIJKLmnopqrstuvwxyz0123?wait=true"
+            ),
+            "https://discord.com/api/webhooks/123456789012345678/***?wait=true"
+        );
+        // Ordinary paths stay as they are.
+        assert_eq!(
+            redact_url("https://hooks.example/laurel/awards-completed/v1"),
+            "https://hooks.example/laurel/awards-completed/v1"
+        );
+    }
 
     #[test]
     fn credentials_and_secret_parameters_are_hidden() {

@@ -22,6 +22,28 @@ impl Secret {
     }
 }
 
+impl Secret {
+    /// `LAUREL_ADMIN_TOKEN`: as long as any admin token must be.
+    pub(super) fn admin_token(value: &str) -> Result<(), String> {
+        if value.len() < 16 {
+            return Err("at least 16 characters (a secret, not a password)".into());
+        }
+        Ok(())
+    }
+
+    /// `LAUREL_JWT_SECRET`: an HS256 key is at least as long as the hash
+    /// (256 bits, RFC 7518 section 3.2).
+    pub(super) fn jwt_secret(value: &str) -> Result<(), String> {
+        if value.len() < 32 {
+            return Err(format!(
+                "at least 32 bytes for HS256 (RFC 7518, 3.2), not {}; e.g. `openssl rand -hex 32`",
+                value.len()
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl std::str::FromStr for Secret {
     type Err = String;
     fn from_str(value: &str) -> Result<Secret, String> {

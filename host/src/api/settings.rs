@@ -164,6 +164,20 @@ impl ApiSettings {
         Ok(())
     }
 
+    /// Refuses secrets too short to be secrets, naming the setting and the
+    /// minimum, never the value (a parse error would quote it).
+    pub fn check_secrets(&self) -> anyhow::Result<()> {
+        if let Some(token) = &self.admin_token {
+            Secret::admin_token(token.expose())
+                .map_err(|why| anyhow::anyhow!("LAUREL_ADMIN_TOKEN (--admin-token): {why}"))?;
+        }
+        if let Some(secret) = &self.tokens.secret {
+            Secret::jwt_secret(secret.expose())
+                .map_err(|why| anyhow::anyhow!("LAUREL_JWT_SECRET (--jwt-secret): {why}"))?;
+        }
+        Ok(())
+    }
+
     /// Whether any admin token is configured.
     pub fn admin_enabled(&self) -> bool {
         self.admin_token.is_some()

@@ -85,6 +85,7 @@ pub(super) async fn up(
     local: &mut Option<LocalBroker>,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
+    serving.api.check_secrets()?;
     if demo {
         let serves_functions = serving.process.spin_manifest().is_some();
         demo::secrets(&mut serving.api, serves_functions);
@@ -160,6 +161,7 @@ pub(super) async fn serve(
     roles: &[Role],
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
+    serving.api.check_secrets()?;
     if let Some(role) = roles.iter().find(|r| !Role::BUILT.contains(r)) {
         anyhow::bail!(
             "role `{}` is not built yet (this build has: {})",

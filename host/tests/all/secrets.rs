@@ -207,3 +207,43 @@ async fn passwords_never_reach_a_response_or_a_log_line() {
     }
     db.drop_database().await;
 }
+
+/// A secret too short to be one is refused at start, naming the setting
+/// and the minimum: an admin token under 16 characters, an HS256 secret
+/// under 32 bytes (RFC 7518, 3.2).
+#[test]
+fn short_secrets_are_refused_at_start() {
+    for (name, value, says) in [
+        (
+            "LAUREL_ADMIN_TOKEN",
+            "short-token",
+            "at least 16 characters (a secret, not a password)",
+        ),
+        (
+            "LAUREL_JWT_SECRET",
+            "only-twenty-bytes-xx",
+            "at least 32 bytes for HS256 (RFC 7518, 3.2), not 20",
+        ),
+    ] {
+        let output = Command::new(env!("CARGO_BIN_EXE_laurel"))
+            .args(["serve", "--roles", "api"])
+            .env(
+                "LAUREL_DATABASE_URL",
+                "postgres://postgres@127.0.0.1:1/none",
+            )
+            .env(name, value)
+            .env_remove("LAUREL_KAFKA_BROKERS")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{name}: {stderr}");
+        assert!(
+            stderr.contains(name) && stderr.contains(says),
+            "{name}: {stderr}"
+        );
+        assert!(
+            !stderr.contains(value),
+            "{name}: the value is not echoed: {stderr}"
+        );
+    }
+}

@@ -55,6 +55,10 @@ pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
         .route("/users/{user_id}/awards", get(users::awards))
         .route("/users/{user_id}/log", get(users::log))
         .route(
+            "/users/{user_id}/badges",
+            get(users::badge_choice).put(users::set_badge_choice),
+        )
+        .route(
             "/users/{user_id}/awards/{award_id}/explain",
             get(super::explain::explain),
         )
@@ -120,38 +124,73 @@ async fn admin_only(
     };
     let method = request.method().clone();
     let write = !matches!(method, Method::GET | Method::HEAD | Method::OPTIONS);
+    // The full path with its query (`?force=true` matters): this router is
+    // nested under /admin/v1.
+    let path = request
+        .uri()
+        .path_and_query()
+        .map_or_else(|| request.uri().path(), |p| p.as_str());
+    let path = crate::text::printable(&format!("/admin/v1{path}"), 2048);
     if write && caller.role == Role::Read {
-        return ApiError::Forbidden(format!(
+        let response = ApiError::Forbidden(format!(
             "token {} is read-only; {method} is a write",
             caller.name
         ))
         .into_response();
+        // A write refused is recorded too: who tried what.
+        record(&state, &caller, &method, path, Written::of(&response)).await;
+        return response;
     }
-    // The full path: this router is nested under /admin/v1.
-    let path = format!("/admin/v1{}", request.uri().path());
     request.extensions_mut().insert(caller.clone());
     let response = next.run(request).await;
     if write {
-        let target = response.extensions().get::<AuditTarget>().cloned();
-        let entry = AuditEntry {
-            token_name: caller.name,
-            method: method.to_string(),
-            path,
-            status: i32::from(response.status().as_u16()),
-            target: target.as_ref().map(|t| t.target.clone()),
-            version_before: target.as_ref().and_then(|t| t.before),
-            version_after: target.as_ref().and_then(|t| t.after),
-            ..AuditEntry::default()
-        };
-        let recorded = match state.store().await {
-            Ok(store) => store.record_audit(&entry).await.map_err(|e| e.to_string()),
-            Err(error) => Err(error.to_string()),
-        };
-        if let Err(error) = recorded {
-            tracing::error!(message = "Failed to record an admin write in the audit log.", token = %entry.token_name, method = %entry.method, path = %entry.path, %error);
-        }
+        record(&state, &caller, &method, path, Written::of(&response)).await;
     }
     response
+}
+
+/// What a write's response says for the audit log (taken before any
+/// await: a response is not `Sync`).
+struct Written {
+    status: i32,
+    target: Option<AuditTarget>,
+}
+
+impl Written {
+    fn of(response: &Response) -> Written {
+        Written {
+            status: i32::from(response.status().as_u16()),
+            target: response.extensions().get::<AuditTarget>().cloned(),
+        }
+    }
+}
+
+/// Records a write (done or refused) in the audit log.
+async fn record(
+    state: &AppState,
+    caller: &auth::Caller,
+    method: &Method,
+    path: String,
+    written: Written,
+) {
+    let target = written.target;
+    let entry = AuditEntry {
+        token_name: caller.name.clone(),
+        method: method.to_string(),
+        path,
+        status: written.status,
+        target: target.as_ref().map(|t| t.target.clone()),
+        version_before: target.as_ref().and_then(|t| t.before),
+        version_after: target.as_ref().and_then(|t| t.after),
+        ..AuditEntry::default()
+    };
+    let recorded = match state.store().await {
+        Ok(store) => store.record_audit(&entry).await.map_err(|e| e.to_string()),
+        Err(error) => Err(error.to_string()),
+    };
+    if let Err(error) = recorded {
+        tracing::error!(message = "Failed to record an admin write in the audit log.", token = %entry.token_name, method = %entry.method, path = %entry.path, %error);
+    }
 }
 
 async fn audit(

@@ -185,19 +185,25 @@ pub async fn replay(
             None => report
                 .without_value
                 .push(String::from_utf8_lossy(&origin).into_owned()),
-            Some(value) if issued => {
-                let mark = Mark {
-                    pipeline: pipeline.name.as_bytes(),
-                    origin: &origin,
-                    key: message.key(),
-                    value,
+            Some(value) => {
+                let signature = issued.then(|| {
+                    key.sign(Mark {
+                        pipeline: pipeline.name.as_bytes(),
+                        origin: &origin,
+                        key: message.key(),
+                        value,
+                    })
+                });
+                // A record Laurel dead-lettered goes back at its first
+                // position; any other as itself.
+                let mut headers: Vec<(&str, &[u8])> = match &signature {
+                    Some(signature) => vec![
+                        (ORIGIN_HEADER, origin.as_slice()),
+                        (REPLAY_FOR_HEADER, pipeline.name.as_bytes()),
+                        (SIGNATURE_HEADER, signature.as_bytes()),
+                    ],
+                    None => Vec::new(),
                 };
-                let signature = key.sign(mark);
-                let mut headers: Vec<(&str, &[u8])> = vec![
-                    (ORIGIN_HEADER, origin.as_slice()),
-                    (REPLAY_FOR_HEADER, pipeline.name.as_bytes()),
-                    (SIGNATURE_HEADER, signature.as_bytes()),
-                ];
                 headers.extend(own);
                 kafka::publish_bytes(
                     &producer,
@@ -208,19 +214,9 @@ pub async fn replay(
                 )
                 .await?;
                 report.replayed += 1;
-            }
-            Some(value) => {
-                let headers: Vec<(&str, &[u8])> = own.collect();
-                kafka::publish_bytes(
-                    &producer,
-                    &pipeline.input_topic,
-                    message.key(),
-                    value,
-                    &headers,
-                )
-                .await?;
-                report.replayed += 1;
-                report.unsigned += 1;
+                if !issued {
+                    report.unsigned += 1;
+                }
             }
         }
     }

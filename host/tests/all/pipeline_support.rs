@@ -332,6 +332,32 @@ pub async fn messages_with_header(
     name: &str,
     count: usize,
 ) -> Vec<(Option<Vec<u8>>, String, usize)> {
+    whole_messages(brokers, topic, count)
+        .await
+        .into_iter()
+        .map(|message| {
+            let value = message
+                .headers
+                .iter()
+                .find(|(header, _)| header == name)
+                .map(|(_, value)| value.clone())
+                .unwrap_or_default();
+            (message.key, value, message.value_len)
+        })
+        .collect()
+}
+
+/// A message as a test reads it whole: its key, every header, the size of
+/// its value.
+pub struct WholeMessage {
+    pub key: Option<Vec<u8>>,
+    pub headers: Vec<(String, String)>,
+    pub value_len: usize,
+}
+
+/// The first `count` messages of `topic` (all partitions, from the start),
+/// whole.
+pub async fn whole_messages(brokers: &str, topic: &str, count: usize) -> Vec<WholeMessage> {
     use rdkafka::consumer::{Consumer, StreamConsumer};
     use rdkafka::message::{Headers, Message};
     let consumer: StreamConsumer = rdkafka::ClientConfig::new()
@@ -342,57 +368,19 @@ pub async fn messages_with_header(
         .create()
         .unwrap();
     consumer.subscribe(&[topic]).unwrap();
-    let mut found = Vec::new();
+    let mut found: Vec<WholeMessage> = Vec::new();
     while found.len() < count {
         let message = tokio::time::timeout(Duration::from_secs(60), consumer.recv())
             .await
             .unwrap_or_else(|_| {
-                let reasons: Vec<&String> = found.iter().map(|(_, reason, _)| reason).collect();
+                let reasons: Vec<&str> = found
+                    .iter()
+                    .flat_map(|m| &m.headers)
+                    .filter(|(name, _)| name == "laurel-reason")
+                    .map(|(_, reason)| reason.as_str())
+                    .collect();
                 panic!(
                     "only {} of {count} messages arrived on {topic} in 60 s: {reasons:?}",
-                    found.len()
-                )
-            })
-            .unwrap();
-        let reason = message
-            .headers()
-            .and_then(|h| h.iter().find(|h| h.key == name).and_then(|h| h.value))
-            .map(|v| String::from_utf8_lossy(v).into_owned())
-            .unwrap_or_default();
-        found.push((
-            message.key().map(<[u8]>::to_vec),
-            reason,
-            message.payload().map_or(0, <[u8]>::len),
-        ));
-    }
-    found
-}
-
-/// A message as a test reads it whole: its key and every header.
-pub struct WholeMessage {
-    pub key: Option<Vec<u8>>,
-    pub headers: Vec<(String, String)>,
-}
-
-/// The first `count` messages of `topic` (one partition), whole.
-pub async fn whole_messages(brokers: &str, topic: &str, count: usize) -> Vec<WholeMessage> {
-    use rdkafka::consumer::{Consumer, StreamConsumer};
-    use rdkafka::message::{Headers, Message};
-    let consumer: StreamConsumer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("group.id", format!("test-whole-{topic}-{}", rand_suffix()))
-        .set("auto.offset.reset", "earliest")
-        .set("enable.auto.commit", "false")
-        .create()
-        .unwrap();
-    consumer.subscribe(&[topic]).unwrap();
-    let mut found = Vec::new();
-    while found.len() < count {
-        let message = tokio::time::timeout(Duration::from_secs(60), consumer.recv())
-            .await
-            .unwrap_or_else(|_| {
-                panic!(
-                    "only {} of {count} messages on {topic} in 60 s",
                     found.len()
                 )
             })
@@ -411,6 +399,7 @@ pub async fn whole_messages(brokers: &str, topic: &str, count: usize) -> Vec<Who
         found.push(WholeMessage {
             key: message.key().map(<[u8]>::to_vec),
             headers,
+            value_len: message.payload().map_or(0, <[u8]>::len),
         });
     }
     found

@@ -870,18 +870,35 @@ async fn filters_declare_event_types_and_other_types_are_dropped_first() {
     p.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dead_letters_replayed_after_a_fix_count_once_at_their_first_position() {
-    let mut p = Pipeline::start(AWARDS, &["bss"]).await;
+/// The KV pipeline with a config naming the wrong key for the user (every
+/// trip is dead-lettered), its topics made and the pre-filter running.
+async fn with_a_wrong_kv_pipeline() -> (Pipeline, laurel::store::Store, Prefilter) {
+    let p = Pipeline::start(AWARDS, &["bss"]).await;
     p.broker.create_topic("raw.kv", 1).unwrap();
     p.broker.create_topic("raw.kv.dead", 1).unwrap();
     let mut store = p.db.store().await;
-    // A config naming the wrong key for the user: every trip is dead.
     let wrong = KV_PIPELINE.replace(r#""user_id": "uid""#, r#""user_id": "user""#);
     laurel::pipelines::apply(&mut store, &p.registry, &wrong)
         .await
         .unwrap();
     let prefilter = Prefilter::start(&p).await;
+    (p, store, prefilter)
+}
+
+/// `laurel pipelines replay NAME`, as an operator runs it.
+fn replay_with_the_cli(p: &Pipeline, name: &str) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_laurel"))
+        .args(["pipelines", "replay", name])
+        .env("LAUREL_DATABASE_URL", &p.db.url)
+        .env("LAUREL_KAFKA_BROKERS", p.broker.bootstrap_servers())
+        .env("LAUREL_LOG", "warn")
+        .output()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_replayed_after_a_fix_count_once_at_their_first_position() {
+    let (mut p, mut store, prefilter) = with_a_wrong_kv_pipeline().await;
     send(
         &p,
         "raw.kv",
@@ -907,17 +924,7 @@ async fn dead_letters_replayed_after_a_fix_count_once_at_their_first_position() 
         .await
         .unwrap();
     assert_eq!(applied, [("navi-kv".to_string(), 2)]);
-    let (url, brokers) = (p.db.url.clone(), p.broker.bootstrap_servers().to_string());
-    let replay = || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_laurel"))
-            .args(["pipelines", "replay", "navi-kv"])
-            .env("LAUREL_DATABASE_URL", &url)
-            .env("LAUREL_KAFKA_BROKERS", &brokers)
-            .env("LAUREL_LOG", "warn")
-            .output()
-            .unwrap()
-    };
-    let first = replay();
+    let first = replay_with_the_cli(&p, "navi-kv");
     let said = String::from_utf8_lossy(&first.stdout);
     assert!(first.status.success(), "{said}");
     assert_eq!(
@@ -935,17 +942,12 @@ async fn dead_letters_replayed_after_a_fix_count_once_at_their_first_position() 
     assert_metres(&mut p, &[("u-1", 7), ("u-2", 9)]).await;
 
     // A second replay finds nothing new; a replay of no pipeline is refused.
-    let again = replay();
+    let again = replay_with_the_cli(&p, "navi-kv");
     assert_eq!(
         String::from_utf8_lossy(&again.stdout).trim(),
         "replayed 0 dead letters of pipeline navi-kv from raw.kv.dead to raw.kv"
     );
-    let none = std::process::Command::new(env!("CARGO_BIN_EXE_laurel"))
-        .args(["pipelines", "replay", "nope"])
-        .env("LAUREL_DATABASE_URL", &p.db.url)
-        .env("LAUREL_KAFKA_BROKERS", p.broker.bootstrap_servers())
-        .output()
-        .unwrap();
+    let none = replay_with_the_cli(&p, "nope");
     assert!(!none.status.success());
     assert!(
         String::from_utf8_lossy(&none.stderr).contains("no pipeline named nope"),
@@ -1018,15 +1020,7 @@ async fn a_replay_mark_without_a_valid_signature_is_ignored() {
 /// record's marks copied onto other content on the input topic are ignored.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replay_marks_are_issued_by_laurel_not_found_on_the_dead_letter_topic() {
-    let mut p = Pipeline::start(AWARDS, &["bss"]).await;
-    p.broker.create_topic("raw.kv", 1).unwrap();
-    p.broker.create_topic("raw.kv.dead", 1).unwrap();
-    let mut store = p.db.store().await;
-    let wrong = KV_PIPELINE.replace(r#""user_id": "uid""#, r#""user_id": "user""#);
-    laurel::pipelines::apply(&mut store, &p.registry, &wrong)
-        .await
-        .unwrap();
-    let prefilter = Prefilter::start(&p).await;
+    let (mut p, mut store, prefilter) = with_a_wrong_kv_pipeline().await;
     send(
         &p,
         "raw.kv",
@@ -1075,13 +1069,7 @@ async fn replay_marks_are_issued_by_laurel_not_found_on_the_dead_letter_topic() 
     laurel::pipelines::apply(&mut store, &p.registry, KV_PIPELINE)
         .await
         .unwrap();
-    let replay = std::process::Command::new(env!("CARGO_BIN_EXE_laurel"))
-        .args(["pipelines", "replay", "navi-kv"])
-        .env("LAUREL_DATABASE_URL", &p.db.url)
-        .env("LAUREL_KAFKA_BROKERS", &brokers)
-        .env("LAUREL_LOG", "warn")
-        .output()
-        .unwrap();
+    let replay = replay_with_the_cli(&p, "navi-kv");
     let said = String::from_utf8_lossy(&replay.stdout);
     assert!(replay.status.success(), "{said}");
     assert_eq!(

@@ -338,38 +338,45 @@ pub(super) async fn seen_additive(
     } else {
         "applied_events"
     };
-    let horizon: Option<DateTime<Utc>> = tx
-        .query_opt(
-            "SELECT horizon FROM prune_horizons WHERE name = $1 FOR SHARE",
-            &[&record],
-        )
-        .await
-        .context("reading the de-duplication horizon")?
-        .and_then(|row| row.get::<_, Option<DateTime<Utc>>>(0));
+    let horizon = async {
+        let row = tx
+            .query_opt(
+                "SELECT horizon FROM prune_horizons WHERE name = $1 FOR SHARE",
+                &[&record],
+            )
+            .await
+            .context("reading the de-duplication horizon")?;
+        Ok::<_, StoreError>(row.and_then(|row| row.get::<_, Option<DateTime<Utc>>>(0)))
+    };
     // A row of user '' was applied before ids were kept per user: it
     // stands for every user, as it did then.
-    let rows = if batch.backfill {
-        let award = outcomes.first().map(|o| o.award_id.as_str());
-        tx.query(
-            "SELECT k.u, a.event_id FROM unnest($3::text[], $4::text[]) AS k(u, e)
-             CROSS JOIN LATERAL (SELECT event_id FROM award_events a
-                 WHERE a.award_id = $1 AND a.source = $2 AND a.event_id = k.e
-                   AND a.user_id IN (k.u, '') LIMIT 1) a",
-            &[&award, &batch.source, &users, &ids],
-        )
-        .await
-        .context("reading the award's counted events")?
-    } else {
-        tx.query(
-            "SELECT k.u, a.event_id FROM unnest($2::text[], $3::text[]) AS k(u, e)
-             CROSS JOIN LATERAL (SELECT event_id FROM applied_events a
-                 WHERE a.source = $1 AND a.event_id = k.e
-                   AND a.user_id IN (k.u, '') LIMIT 1) a",
-            &[&batch.source, &users, &ids],
-        )
-        .await
-        .context("reading applied events")?
+    let rows = async {
+        if batch.backfill {
+            let award = outcomes.first().map(|o| o.award_id.as_str());
+            tx.query(
+                "SELECT k.u, a.event_id FROM unnest($3::text[], $4::text[]) AS k(u, e)
+                 CROSS JOIN LATERAL (SELECT event_id FROM award_events a
+                     WHERE a.award_id = $1 AND a.source = $2 AND a.event_id = k.e
+                       AND a.user_id IN (k.u, '') LIMIT 1) a",
+                &[&award, &batch.source, &users, &ids],
+            )
+            .await
+            .context("reading the award's counted events")
+        } else {
+            tx.query(
+                "SELECT k.u, a.event_id FROM unnest($2::text[], $3::text[]) AS k(u, e)
+                 CROSS JOIN LATERAL (SELECT event_id FROM applied_events a
+                     WHERE a.source = $1 AND a.event_id = k.e
+                       AND a.user_id IN (k.u, '') LIMIT 1) a",
+                &[&batch.source, &users, &ids],
+            )
+            .await
+            .context("reading applied events")
+        }
     };
+    // Polled together, the two are pipelined on the connection (one round
+    // trip), and run in the order sent: the horizon is locked first.
+    let (horizon, rows) = tokio::try_join!(horizon, rows)?;
     Ok(Seen { rows, horizon })
 }
 

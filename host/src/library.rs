@@ -110,6 +110,21 @@ pub fn builtin(name: &str) -> Option<&'static Builtin> {
     BUILTINS.iter().find(|b| b.name == name)
 }
 
+/// Whether `sha256` is the digest of one of the built-ins' bytes (under
+/// any name: the bytes are the binary's, whoever pushed them).
+pub fn is_builtin(sha256: &str) -> bool {
+    static DIGESTS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    DIGESTS
+        .get_or_init(|| {
+            BUILTINS
+                .iter()
+                .map(|b| hex::encode(Sha256::digest(b.bytes)))
+                .collect()
+        })
+        .iter()
+        .any(|digest| digest == sha256)
+}
+
 /// Registers each built-in whose bytes were never registered under its name.
 /// A name whose current version was pushed by someone else keeps it until
 /// this binary brings new built-in bytes.

@@ -238,6 +238,11 @@ impl Registry {
         if let Some(reason) = &row.quarantine_reason {
             function.set_quarantined(reason.clone());
         }
+        // The built-ins are bound by most objectives; only pushed
+        // components are held to a share of the instance pool.
+        if crate::library::is_builtin(&function.sha256) {
+            function.unshared();
+        }
         Ok(function)
     }
 

@@ -12,7 +12,7 @@ use crate::metrics;
 use super::bindings::{self, Contribution, ObjectiveState, Progress};
 use super::event::{Event, pack};
 use super::records::{PackedRecords, RawRecord};
-use super::{Function, FunctionError, GuestState, MemoryLimitExceeded, Pre, TICK};
+use super::{Function, FunctionError, GuestState, InstanceShare, MemoryLimitExceeded, Pre, TICK};
 
 /// Least time given to instantiate a component and create it from its
 /// config (a call gets its CPU budget).
@@ -136,6 +136,8 @@ struct Live<W> {
     store: Store<GuestState>,
     world: W,
     resource: ResourceAny,
+    /// Given back after the store is dropped (fields drop in order).
+    _share: InstanceShare,
 }
 
 /// A function version plus a config, and the live instance (re-made after a
@@ -177,11 +179,17 @@ impl<W: World> Slot<W> {
     fn instantiate(&self) -> Result<Live<W>, FunctionError> {
         let function = &self.function;
         let inner = &function.runtime;
+        let share = function.take_instance()?;
         let mut store = Store::new(
             &inner.engine,
             GuestState::new(inner.limits.memory_bytes, &function.sha256),
         );
         store.limiter(|state| &mut state.limiter);
+        // What the host copies out of one answer (every string and list
+        // element, as it is lifted) is bounded by the function's memory:
+        // an answer whose strings all point at the same bytes is refused
+        // while it is read, not after (`classify`).
+        store.set_hostcall_fuel(inner.limits.memory_bytes);
         // Instantiating and creating from config get at least a second:
         // the deadline counts wall time (epochs), and on a loaded machine
         // setting up an instance can take longer than one call's budget
@@ -206,6 +214,7 @@ impl<W: World> Slot<W> {
                 store,
                 world,
                 resource,
+                _share: share,
             }),
             Ok(Err(reason)) => Err(FunctionError::Config {
                 name: function.name.clone(),
@@ -360,6 +369,16 @@ fn classify(function: &Function, error: wasmtime::Error, stderr: String) -> Func
             reason: memory.to_string(),
         };
     }
+    if error
+        .chain()
+        .any(|e| e.to_string().contains(HOSTCALL_FUEL_EXHAUSTED))
+    {
+        return FunctionError::InvalidOutput {
+            name,
+            version,
+            reason: answer_too_large(function.runtime.limits.memory_bytes),
+        };
+    }
     let trap = error
         .chain()
         .find_map(|e| e.downcast_ref::<wasmtime::Trap>())
@@ -384,6 +403,17 @@ fn classify(function: &Function, error: wasmtime::Error, stderr: String) -> Func
         version,
         reason: truncate(reason, function.runtime.limits.max_text_bytes),
     }
+}
+
+/// How wasmtime says a lift ran out of hostcall fuel (its error type is
+/// private); `hostile.rs` holds the text to the version in use.
+const HOSTCALL_FUEL_EXHAUSTED: &str = "fuel allocated for hostcalls has been exhausted";
+
+pub(super) fn answer_too_large(limit: usize) -> String {
+    format!(
+        "its answer is over {limit} bytes as read by the host (its strings and lists together, \
+         counted as they are read; the limit is the function's memory, LAUREL_FUNCTION_MEMORY_MIB)"
+    )
 }
 
 fn truncate(mut text: String, max: usize) -> String {

@@ -125,6 +125,18 @@ pub struct Limits {
     /// Instances alive at once (pooling allocator slots).
     #[arg(skip = 1000u32)]
     pub instances: u32,
+    /// Instances one pushed function version may hold alive at once (one
+    /// per objective, pipeline or award it is bound to): its share of the
+    /// pool of 1,000, so that no function leaves too few for the others.
+    /// Built-in functions are not limited.
+    #[arg(
+        long = "function-instances",
+        env = "LAUREL_FUNCTION_INSTANCES",
+        default_value_t = 250,
+        value_parser = clap::value_parser!(u32).range(1..=1000),
+        value_name = "INSTANCES"
+    )]
+    pub instances_per_function: u32,
     /// Consecutive failures (trap, timeout, memory, invalid output) after
     /// which a function version is quarantined.
     #[arg(
@@ -156,6 +168,16 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Self {
         crate::settings::defaults()
+    }
+}
+
+/// One instance's place in its function's share of the pool, given back
+/// when the instance is dropped.
+struct InstanceShare(Arc<Function>);
+
+impl Drop for InstanceShare {
+    fn drop(&mut self) {
+        self.0.alive.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -248,6 +270,15 @@ pub enum FunctionError {
         version: i32,
         reason: String,
     },
+    #[error(
+        "function {name} v{version} could not be instantiated: it has {share} instances alive, its share of \
+         the instance pool (LAUREL_FUNCTION_INSTANCES); bind it to fewer objectives or raise its share"
+    )]
+    Share {
+        name: String,
+        version: i32,
+        share: u32,
+    },
 }
 
 impl FunctionError {
@@ -259,6 +290,7 @@ impl FunctionError {
             FunctionError::Config { .. }
                 | FunctionError::Quarantined { .. }
                 | FunctionError::Input { .. }
+                | FunctionError::Share { .. }
         )
     }
 }
@@ -467,6 +499,8 @@ impl Runtime {
             pre,
             failures: AtomicU32::new(0),
             quarantine: OnceLock::new(),
+            alive: AtomicU32::new(0),
+            shared: std::sync::atomic::AtomicBool::new(true),
             runtime: self.inner.clone(),
         }))
     }
@@ -545,6 +579,10 @@ pub struct Function {
     pre: Pre,
     failures: AtomicU32,
     quarantine: OnceLock<String>,
+    /// Instances of this version alive, and whether they count against
+    /// [`Limits::instances_per_function`] (a built-in's do not).
+    alive: AtomicU32,
+    shared: std::sync::atomic::AtomicBool,
     runtime: Arc<Inner>,
 }
 
@@ -569,6 +607,33 @@ impl Function {
     /// quarantined by another process).
     pub fn set_quarantined(&self, reason: String) -> bool {
         self.quarantine.set(reason).is_ok()
+    }
+
+    /// Lets this version's instances use the pool beyond a share: for the
+    /// built-in functions, which the binary carries (one memory each).
+    pub fn unshared(&self) {
+        self.shared.store(false, Ordering::Relaxed);
+    }
+
+    /// Instances of this version alive now.
+    pub fn instances_alive(&self) -> u32 {
+        self.alive.load(Ordering::Relaxed)
+    }
+
+    /// One more instance of this version, within its share of the pool.
+    fn take_instance(self: &Arc<Self>) -> Result<InstanceShare, FunctionError> {
+        let share = self.runtime.limits.instances_per_function;
+        let shared = self.shared.load(Ordering::Relaxed);
+        self.alive
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |alive| {
+                (!shared || alive < share).then_some(alive + 1)
+            })
+            .map_err(|_| FunctionError::Share {
+                name: self.name.clone(),
+                version: self.version,
+                share,
+            })?;
+        Ok(InstanceShare(self.clone()))
     }
 
     fn record(&self, outcome: &Result<(), FunctionError>) {

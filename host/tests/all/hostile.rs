@@ -1,5 +1,6 @@
 //! Hostile guests: a real component (functions/testing/hostile) that loops,
-//! allocates 1 GiB, panics, floods its output or sleeps on request, and a
+//! allocates 1 GiB, panics, floods its output (or answers the same bytes
+//! many times over) or sleeps on request, and a
 //! filter, strategy and transform that sleep. Each ends with a clear error
 //! within its budget, the host carries on, other functions keep working,
 //! and repeated failure quarantines the offender. Clocks and random read
@@ -138,6 +139,98 @@ fn huge_output_is_refused() {
         "function Hostile v1 returned an invalid result: a contribution names 100000 counters, over the limit of 64"
     );
     assert_still_serving(&runtime, &mut rule);
+}
+
+#[test]
+fn an_answer_is_bounded_as_it_is_read_not_after() {
+    // 64 counter names that are all the same 1 MiB of the guest's memory:
+    // 64 MiB to copy out of 1 MiB, refused while it is read.
+    let (runtime, mut rule) = hostile(Limits {
+        memory_bytes: 32 << 20,
+        ..generous()
+    });
+    let error = rule
+        .contribute(&[event_of_type("e-alias", "alias")])
+        .unwrap_err();
+    assert!(
+        matches!(error, FunctionError::InvalidOutput { .. }),
+        "{error:?}"
+    );
+    assert_eq!(
+        error.to_string(),
+        "function Hostile v1 returned an invalid result: its answer is over 33554432 bytes as read by \
+         the host (its strings and lists together, counted as they are read; the limit is the \
+         function's memory, LAUREL_FUNCTION_MEMORY_MIB)"
+    );
+    assert_still_serving(&runtime, &mut rule);
+}
+
+#[test]
+fn a_pushed_function_holds_only_its_share_of_the_instance_pool() {
+    let runtime = support::runtime_with(Limits {
+        instances_per_function: 2,
+        ..generous()
+    });
+    let bytes = support::guest_bytes("hostile_function");
+    let function = runtime.load("Hostile", 1, &bytes, None).unwrap();
+    assert!(!laurel::library::is_builtin(&function.sha256));
+    let first = RuleInstance::new(function.clone(), "{}").unwrap();
+    let mut second = RuleInstance::new(function.clone(), "{}").unwrap();
+    let error = RuleInstance::new(function.clone(), "{}")
+        .err()
+        .expect("a third instance is over the share");
+    assert!(matches!(error, FunctionError::Share { .. }), "{error:?}");
+    assert_eq!(
+        error.to_string(),
+        "function Hostile v1 could not be instantiated: it has 2 instances alive, its share of the \
+         instance pool (LAUREL_FUNCTION_INSTANCES); bind it to fewer objectives or raise its share"
+    );
+    assert_eq!(function.instances_alive(), 2);
+    // Not a failure of the function: no step towards quarantine, and the
+    // instances it has keep answering.
+    assert!(function.quarantined().is_none());
+    assert!(
+        second
+            .contribute(&[event_of_type("ok", "photo.created")])
+            .is_ok()
+    );
+
+    // Another function has a share of its own.
+    let source = support::builtin(&runtime, "SourceFilter");
+    assert!(laurel::library::is_builtin(&source.sha256));
+    let filters: Vec<_> = (0..2)
+        .map(|_| FilterInstance::new(source.clone(), r#"{"sources": ["photos"]}"#).unwrap())
+        .collect();
+
+    // A trapped instance gives its place back when it is dropped and takes
+    // it again when it is made anew.
+    let error = second
+        .contribute(&[event_of_type("e-panic", "panic")])
+        .unwrap_err();
+    assert!(matches!(error, FunctionError::Trap { .. }), "{error:?}");
+    assert_eq!(function.instances_alive(), 1);
+    let third = RuleInstance::new(function.clone(), "{}").expect("a place was given back");
+    assert!(
+        second
+            .contribute(&[event_of_type("ok", "photo.created")])
+            .is_err()
+    );
+    drop((first, third));
+    assert_eq!(function.instances_alive(), 0);
+    assert!(
+        second
+            .contribute(&[event_of_type("ok", "photo.created")])
+            .is_ok()
+    );
+
+    // The built-ins are not held to a share once marked as such (the
+    // registry marks every component whose bytes are a built-in's).
+    source.unshared();
+    let more: Vec<_> = (0..3)
+        .map(|_| FilterInstance::new(source.clone(), r#"{"sources": ["photos"]}"#).unwrap())
+        .collect();
+    assert_eq!(source.instances_alive(), 5);
+    drop((filters, more));
 }
 
 #[test]

@@ -5,6 +5,8 @@
 //! - `alloc`: allocates 1 GiB (memory limit),
 //! - `panic`: panics (a trap),
 //! - `huge`: returns a contribution of 100,000 counters (output limit),
+//! - `alias`: returns 64 counters whose names are all the same 1 MiB of
+//!   its memory (what the host reads is bounded, not what the guest has),
 //! - `sleep`: sleeps for an hour (`std::thread::sleep`: a blocking host call),
 //! - `clock`: counts what the clocks and the random generator say
 //!   (`wall`: seconds since the Unix epoch, `monotonic`: nanoseconds since
@@ -48,6 +50,7 @@ impl Rule for Hostile {
             "huge" => Ok(Some(Contribution::absolute(
                 (0..100_000).map(|i| (format!("counter-{i}"), 1)),
             ))),
+            "alias" => Ok(Some(Contribution::absolute(aliased(64, 1 << 20)))),
             "sleep" => {
                 std::thread::sleep(Duration::from_secs(3600));
                 Ok(None)
@@ -67,6 +70,23 @@ impl Rule for Hostile {
             _ => Ok(Some(Contribution::absolute([("count".to_string(), 1)]))),
         }
     }
+}
+
+/// `count` counters whose names all point at one leaked buffer of `bytes`
+/// bytes: little memory in the guest, `count * bytes` for whoever copies
+/// the answer out.
+fn aliased(count: usize, bytes: usize) -> Vec<(String, i64)> {
+    let name: &'static mut str = Box::leak("n".repeat(bytes).into_boxed_str());
+    let ptr = name.as_mut_ptr();
+    (0..count)
+        .map(|_| {
+            // SAFETY: not safe, on purpose: every String owns the same
+            // leaked buffer. The host refuses the answer before any is
+            // freed (a freed one would be a double free, which traps).
+            let alias = unsafe { String::from_raw_parts(ptr, bytes, bytes) };
+            (alias, 1)
+        })
+        .collect()
 }
 
 laurel_guest::export_rule!(Hostile);

@@ -433,6 +433,9 @@ impl HttpFunctions {
         let state = HttpState::new(&served.spec, spin, sizes, stderr.clone());
         let mut store = Store::new(&inner.engine, state);
         store.limiter(|s| &mut s.limiter);
+        // What the host copies out of one call (a body chunk, headers, a
+        // key-value write) is bounded by the component's memory.
+        store.set_hostcall_fuel(inner.limits.memory_bytes);
         // The guest runs within this call, and, for a wasi:http 0.2
         // handler, in the task below until it returns.
         let _running = inner.ticker.running();

@@ -65,6 +65,17 @@ fn main() {
 
     write_migrations(&root.join("migrations"), &out_dir.join("migrations.rs"));
     write_guest_sdk(&root.join("functions/guest"), &out_dir.join("guest_sdk.rs"));
+    let wit = root.join("wit/award.wit");
+    write_sdk(
+        &root.join("functions/guest-python"),
+        &wit,
+        &out_dir.join("python_sdk.rs"),
+    );
+    write_sdk(
+        &root.join("functions/guest-js"),
+        &wit,
+        &out_dir.join("js_sdk.rs"),
+    );
 }
 
 /// `cargo build` of guests for wasm32-wasip2 into `target_dir`.
@@ -145,20 +156,26 @@ fn write_migrations(dir: &Path, out: &Path) {
     std::fs::write(out, code).unwrap();
 }
 
+/// Every file under `dir`, but Python's and npm's caches.
+fn walk(dir: &Path, files: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy();
+        if name == "__pycache__" || name == "node_modules" {
+            continue;
+        }
+        if path.is_dir() {
+            walk(&path, files);
+        } else {
+            files.push(path);
+        }
+    }
+}
+
 /// Embeds the guest SDK's package (its manifest's `include`: the manifest,
 /// README, sources, examples and WIT), so `laurel functions new` can write
 /// it where cargo finds it with no registry.
 fn write_guest_sdk(dir: &Path, out: &Path) {
-    fn walk(dir: &Path, files: &mut Vec<PathBuf>) {
-        for entry in std::fs::read_dir(dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                walk(&path, files);
-            } else {
-                files.push(path);
-            }
-        }
-    }
     let mut files = vec![
         dir.join("Cargo.toml"),
         dir.join("README.md"),
@@ -166,16 +183,35 @@ fn write_guest_sdk(dir: &Path, out: &Path) {
     ];
     walk(&dir.join("src"), &mut files);
     walk(&dir.join("examples"), &mut files);
+    let files = files
+        .into_iter()
+        .map(|path| (path.strip_prefix(dir).unwrap().to_path_buf(), path))
+        .collect();
+    write_bundle(files, out);
+}
+
+/// The Python or JavaScript SDK (every file of `dir` but its examples),
+/// with the WIT it is built against in `wit/award.wit`.
+fn write_sdk(dir: &Path, wit: &Path, out: &Path) {
+    let mut paths = Vec::new();
+    walk(dir, &mut paths);
+    let mut files: Vec<(PathBuf, PathBuf)> = paths
+        .into_iter()
+        .map(|path| (path.strip_prefix(dir).unwrap().to_path_buf(), path))
+        .filter(|(relative, _)| !relative.starts_with("examples"))
+        .collect();
+    files.push((PathBuf::from("wit/award.wit"), wit.to_path_buf()));
+    write_bundle(files, out);
+}
+
+/// `&[(path in the package, include_str!(file)), ...]`, sorted by path.
+fn write_bundle(mut files: Vec<(PathBuf, PathBuf)>, out: &Path) {
     files.sort();
     let mut code = String::from("&[\n");
-    for path in files {
-        let relative = path
-            .strip_prefix(dir)
-            .unwrap()
-            .to_string_lossy()
-            .into_owned();
+    for (relative, path) in files {
         code.push_str(&format!(
-            "    ({relative:?}, include_str!({:?})),\n",
+            "    ({:?}, include_str!({:?})),\n",
+            relative.to_string_lossy(),
             path.display().to_string()
         ));
     }

@@ -1,12 +1,14 @@
-//! `laurel functions new`: a standalone crate for one function, outside
-//! any Laurel checkout: a Cargo.toml that depends on the guest SDK; the SDK
-//! itself in `vendor/laurel-guest` (by default: the copy this binary
-//! carries, so the crate builds with cargo and no registry); or by
-//! version, git or path; `.cargo/config.toml` for the wasm32-wasip2
-//! target; an example of the kind; a fixture case that passes against it;
-//! a five-line README. Templates: `host/scaffold/`; the example and its
-//! fixture case are the guest SDK's own (`functions/guest/examples/`), with
-//! the example's type renamed.
+//! `laurel functions new`: a standalone project for one function, outside
+//! any Laurel checkout, in Rust, Python or JavaScript: the SDK of its
+//! language in `vendor/` (the copy this binary carries, so it builds with
+//! the language's own tool and no Laurel registry; a Rust crate may name
+//! the SDK by version, git or path instead); the build's configuration
+//! (Cargo.toml and `.cargo/config.toml`; `build.sh` and
+//! `requirements.txt` for componentize-py; `package.json` for jco); an
+//! example of the kind; a fixture case that passes against it; a short
+//! README. Templates: `host/scaffold/<lang>/`; the examples are the SDKs'
+//! own (`functions/guest*/examples/`), with the example's type renamed, and
+//! share one fixture case per kind.
 
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -110,24 +112,68 @@ impl Sdk {
     }
 }
 
+/// The language of a new function's project.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Lang {
+    #[default]
+    Rust,
+    Python,
+    Js,
+}
+
+impl FromStr for Lang {
+    type Err = String;
+
+    fn from_str(lang: &str) -> Result<Lang, String> {
+        match lang {
+            "rust" => Ok(Lang::Rust),
+            "python" | "py" => Ok(Lang::Python),
+            "js" | "javascript" => Ok(Lang::Js),
+            other => Err(format!(
+                "{other:?} is not a language of Laurel's SDKs: rust, python or js"
+            )),
+        }
+    }
+}
+
+/// The Python SDK as this binary carries it (`functions/guest-python`,
+/// with the WIT): (path, text).
+pub const PYTHON_SDK_FILES: &[(&str, &str)] = include!(concat!(env!("OUT_DIR"), "/python_sdk.rs"));
+/// The JavaScript SDK likewise (`functions/guest-js`).
+pub const JS_SDK_FILES: &[(&str, &str)] = include!(concat!(env!("OUT_DIR"), "/js_sdk.rs"));
+
 /// What `laurel functions new` made.
 #[derive(Debug)]
 pub struct Scaffolded {
     pub dir: PathBuf,
-    /// The component `cargo build --release` writes, relative to `dir`.
+    /// The component the build writes, relative to `dir`.
     pub component: PathBuf,
+    /// The commands that install the tools (if any) and build, in `dir`.
+    pub build: Vec<&'static str>,
     pub files: Vec<PathBuf>,
 }
 
-/// Writes a crate for function `name` of `kind` into `dir` (which must not
-/// exist or be empty).
-pub fn create(name: &str, kind: FunctionKind, dir: &Path, sdk: &Sdk) -> Result<Scaffolded, String> {
+/// Writes a project for function `name` of `kind` in `lang` into `dir`
+/// (which must not exist or be empty). `sdk` is where a Rust crate gets
+/// the SDK; Python and JavaScript projects always get the bundled copy.
+pub fn create(
+    name: &str,
+    kind: FunctionKind,
+    lang: Lang,
+    dir: &Path,
+    sdk: &Sdk,
+) -> Result<Scaffolded, String> {
     check_name(name)?;
-    let Some((example_name, (lib, config, input, expected))) = example(kind) else {
+    let Some(example) = example(kind) else {
         return Err(format!(
-            "laurel functions new writes filter, rule, strategy and transform crates, not {kind}: an HTTP function is a spin-sdk crate (see Laurel's docs/http-functions.md)"
+            "laurel functions new writes filter, rule, strategy and transform projects, not {kind}: an HTTP function is a spin-sdk crate (see Laurel's docs/http-functions.md)"
         ));
     };
+    if lang != Lang::Rust && *sdk != Sdk::Bundled {
+        return Err(
+            "--sdk says where a Rust crate gets its SDK; Python and JavaScript projects get the copy this binary carries".into(),
+        );
+    }
     if dir.exists() {
         let empty = std::fs::read_dir(dir)
             .map_err(|e| format!("cannot read {}: {e}", dir.display()))?
@@ -142,44 +188,109 @@ pub fn create(name: &str, kind: FunctionKind, dir: &Path, sdk: &Sdk) -> Result<S
     }
     let krate = crate_name(name);
     let wasm = krate.replace('-', "_");
+    let world = match kind {
+        FunctionKind::Filter => "scoped-filter",
+        FunctionKind::Transform => "scoped-transform",
+        _ => kind.as_str(),
+    };
     let fill = |template: &str| {
         template
             .replace("{{name}}", name)
             .replace("{{crate}}", &krate)
             .replace("{{wasm}}", &wasm)
             .replace("{{kind}}", kind.as_str())
+            .replace("{{world}}", world)
             .replace("{{sdk}}", &sdk.dependency())
     };
-    let files: [(&str, String); 8] = [
-        (
-            "Cargo.toml",
-            fill(include_str!("../scaffold/Cargo.toml.tmpl")),
-        ),
-        (
-            ".cargo/config.toml",
-            include_str!("../scaffold/config.toml").into(),
-        ),
-        (".gitignore", include_str!("../scaffold/gitignore").into()),
-        (
-            "README.md",
-            fill(include_str!("../scaffold/README.md.tmpl")),
-        ),
-        ("src/lib.rs", lib.replace(example_name, name)),
-        ("fixtures/example/config.json", config.into()),
-        ("fixtures/example/input.jsonl", input.into()),
-        ("fixtures/example/expected.jsonl", expected.into()),
+    let code = |text: &str| text.replace(example.name, name);
+    let (project, vendored, component, build): (Vec<(&str, String)>, _, PathBuf, Vec<&str>) =
+        match lang {
+            Lang::Rust => (
+                vec![
+                    (
+                        "Cargo.toml",
+                        fill(include_str!("../scaffold/rust/Cargo.toml.tmpl")),
+                    ),
+                    (
+                        ".cargo/config.toml",
+                        include_str!("../scaffold/rust/config.toml").into(),
+                    ),
+                    (
+                        ".gitignore",
+                        include_str!("../scaffold/rust/gitignore").into(),
+                    ),
+                    (
+                        "README.md",
+                        fill(include_str!("../scaffold/rust/README.md.tmpl")),
+                    ),
+                    ("src/lib.rs", code(example.rust)),
+                ],
+                match sdk {
+                    Sdk::Bundled => Some((SDK_VENDOR_DIR, SDK_FILES)),
+                    _ => None,
+                },
+                Path::new("target/wasm32-wasip2/release").join(format!("{wasm}.wasm")),
+                vec!["cargo build --release"],
+            ),
+            Lang::Python => (
+                vec![
+                    ("app.py", code(example.python)),
+                    (
+                        "build.sh",
+                        fill(include_str!("../scaffold/python/build.sh.tmpl")),
+                    ),
+                    (
+                        "requirements.txt",
+                        include_str!("../scaffold/python/requirements.txt").into(),
+                    ),
+                    (
+                        ".gitignore",
+                        include_str!("../scaffold/python/gitignore").into(),
+                    ),
+                    (
+                        "README.md",
+                        fill(include_str!("../scaffold/python/README.md.tmpl")),
+                    ),
+                ],
+                Some(("vendor/laurel-python", PYTHON_SDK_FILES)),
+                PathBuf::from(format!("{wasm}.wasm")),
+                vec!["pip install -r requirements.txt", "./build.sh"],
+            ),
+            Lang::Js => (
+                vec![
+                    ("function.js", code(example.js)),
+                    (
+                        "package.json",
+                        fill(include_str!("../scaffold/js/package.json.tmpl")),
+                    ),
+                    (
+                        ".gitignore",
+                        include_str!("../scaffold/js/gitignore").into(),
+                    ),
+                    (
+                        "README.md",
+                        fill(include_str!("../scaffold/js/README.md.tmpl")),
+                    ),
+                ],
+                Some(("vendor/laurel-js", JS_SDK_FILES)),
+                PathBuf::from(format!("{wasm}.wasm")),
+                vec!["npm install", "npm run build"],
+            ),
+        };
+    let fixtures = [
+        ("fixtures/example/config.json", example.config),
+        ("fixtures/example/input.jsonl", example.input),
+        ("fixtures/example/expected.jsonl", example.expected),
     ];
-    let vendored = match sdk {
-        Sdk::Bundled => SDK_FILES
-            .iter()
-            .map(|(path, text)| (format!("{SDK_VENDOR_DIR}/{path}"), text.to_string()))
-            .collect(),
-        _ => Vec::new(),
-    };
-    let files = files
+    let files = project
         .into_iter()
         .map(|(path, text)| (path.to_string(), text))
-        .chain(vendored);
+        .chain(fixtures.map(|(path, text)| (path.to_string(), text.to_string())))
+        .chain(vendored.into_iter().flat_map(|(vendor, files)| {
+            files
+                .iter()
+                .map(move |(path, text)| (format!("{vendor}/{path}"), text.to_string()))
+        }));
     let mut written = Vec::new();
     for (path, text) in files {
         let path = dir.join(path);
@@ -188,46 +299,62 @@ pub fn create(name: &str, kind: FunctionKind, dir: &Path, sdk: &Sdk) -> Result<S
                 .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
         }
         std::fs::write(&path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        if path.extension().is_some_and(|e| e == "sh") {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
+                .map_err(|e| format!("cannot make {} executable: {e}", path.display()))?;
+        }
         written.push(path);
     }
     Ok(Scaffolded {
         dir: dir.to_path_buf(),
-        component: Path::new("target/wasm32-wasip2/release").join(format!("{wasm}.wasm")),
+        component,
+        build,
         files: written,
     })
 }
 
-/// The SDK's example of a kind: its type's name, (src/lib.rs, config.json,
-/// input.jsonl, expected.jsonl).
-type Example = (
-    &'static str,
-    (&'static str, &'static str, &'static str, &'static str),
-);
+/// The SDKs' example of a kind, in each language, and its fixture case
+/// (the same for every language).
+struct Example {
+    /// The example's class or type name, replaced by the new function's.
+    name: &'static str,
+    rust: &'static str,
+    python: &'static str,
+    js: &'static str,
+    config: &'static str,
+    input: &'static str,
+    expected: &'static str,
+}
 
 fn example(kind: FunctionKind) -> Option<Example> {
     macro_rules! kind {
         ($kind:literal, $name:literal) => {
-            (
-                $name,
-                (
-                    include_str!(concat!("../../functions/guest/examples/", $kind, ".rs")),
-                    include_str!(concat!(
-                        "../../functions/guest/examples/fixtures/",
-                        $kind,
-                        "/config.json"
-                    )),
-                    include_str!(concat!(
-                        "../../functions/guest/examples/fixtures/",
-                        $kind,
-                        "/input.jsonl"
-                    )),
-                    include_str!(concat!(
-                        "../../functions/guest/examples/fixtures/",
-                        $kind,
-                        "/expected.jsonl"
-                    )),
-                ),
-            )
+            Example {
+                name: $name,
+                rust: include_str!(concat!("../../functions/guest/examples/", $kind, ".rs")),
+                python: include_str!(concat!(
+                    "../../functions/guest-python/examples/",
+                    $kind,
+                    ".py"
+                )),
+                js: include_str!(concat!("../../functions/guest-js/examples/", $kind, ".js")),
+                config: include_str!(concat!(
+                    "../../functions/guest/examples/fixtures/",
+                    $kind,
+                    "/config.json"
+                )),
+                input: include_str!(concat!(
+                    "../../functions/guest/examples/fixtures/",
+                    $kind,
+                    "/input.jsonl"
+                )),
+                expected: include_str!(concat!(
+                    "../../functions/guest/examples/fixtures/",
+                    $kind,
+                    "/expected.jsonl"
+                )),
+            }
         };
     }
     Some(match kind {
@@ -321,6 +448,43 @@ mod tests {
             !manifest.contains(".workspace") && !manifest.contains("workspace = true"),
             "the SDK's manifest must stand alone:\n{manifest}"
         );
+    }
+
+    #[test]
+    fn the_python_and_javascript_sdks_are_bundled_with_their_wit() {
+        let python: Vec<&str> = PYTHON_SDK_FILES.iter().map(|(path, _)| *path).collect();
+        for kind in ["filter", "rule", "strategy", "transform"] {
+            assert!(
+                python.contains(&format!("laurel_{kind}.py").as_str()),
+                "{python:?}"
+            );
+        }
+        for needed in [
+            "laurel/__init__.py",
+            "filters.py",
+            "rules.py",
+            "strategies.py",
+            "transforms.py",
+            "wit/award.wit",
+        ] {
+            assert!(python.contains(&needed), "{needed} missing from {python:?}");
+        }
+        let js: Vec<&str> = JS_SDK_FILES.iter().map(|(path, _)| *path).collect();
+        assert_eq!(js, ["laurel.js", "package.json", "wit/award.wit"]);
+        for path in python.iter().chain(&js) {
+            assert!(!path.starts_with("examples"), "{path}");
+        }
+        let wit = include_str!("../../wit/award.wit");
+        for files in [PYTHON_SDK_FILES, JS_SDK_FILES] {
+            assert_eq!(
+                files.iter().find(|(p, _)| *p == "wit/award.wit").unwrap().1,
+                wit
+            );
+        }
+        assert_eq!("py".parse::<Lang>(), Ok(Lang::Python));
+        assert_eq!("javascript".parse::<Lang>(), Ok(Lang::Js));
+        let error = "kotlin".parse::<Lang>().unwrap_err();
+        assert!(error.contains("rust, python or js"), "{error}");
     }
 
     #[test]

@@ -258,18 +258,21 @@ pub(super) async fn functions(
         FunctionsCommand::New {
             name,
             kind,
+            lang,
             dir,
             sdk,
         } => {
             let dir = dir.unwrap_or_else(|| crate::scaffold::crate_name(&name).into());
-            let made =
-                crate::scaffold::create(&name, kind, &dir, &sdk).map_err(anyhow::Error::msg)?;
+            let made = crate::scaffold::create(&name, kind, lang, &dir, &sdk)
+                .map_err(anyhow::Error::msg)?;
             println!("created {} ({} {name}):", made.dir.display(), kind.as_str());
             for file in &made.files {
                 println!("  {}", file.display());
             }
             println!("next, in {}:", made.dir.display());
-            println!("  cargo build --release");
+            for command in &made.build {
+                println!("  {command}");
+            }
             println!("  laurel functions test {}", made.component.display());
             println!(
                 "  laurel functions push {name} {}",

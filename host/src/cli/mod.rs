@@ -195,7 +195,12 @@ enum FunctionsCommand {
         /// filter, rule, strategy or transform.
         #[arg(long, value_parser = parse_kind)]
         kind: FunctionKind,
-        /// The crate's folder [default: the name as a crate, e.g. good-rating].
+        /// The project's language: rust, python (componentize-py) or js
+        /// (jco).
+        #[arg(long, value_name = "LANG", default_value = "rust")]
+        lang: crate::scaffold::Lang,
+        /// The project's folder [default: the name in kebab case, e.g.
+        /// good-rating].
         #[arg(long, value_name = "DIR")]
         dir: Option<PathBuf>,
         /// Where the crate gets the guest SDK: bundled (the copy this

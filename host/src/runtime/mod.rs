@@ -112,12 +112,13 @@ pub struct Limits {
         value_name = "MIB"
     )]
     pub memory_bytes: usize,
-    /// Largest component accepted, in MiB.
+    /// Largest component accepted, in MiB (a Python component carries its
+    /// interpreter: about 18 MiB).
     #[arg(
         id = "function_max_mib",
         long = "function-max-mib",
         env = "LAUREL_FUNCTION_MAX_MIB",
-        default_value = "16",
+        default_value = "32",
         value_parser = crate::settings::mebibytes,
         value_name = "MIB"
     )]

@@ -20,6 +20,7 @@ mod openapi;
 mod owned_postgres;
 mod pipeline;
 mod pipeline_support;
+mod polyglot;
 mod prefilter;
 mod processes;
 mod proxy;

@@ -39,6 +39,7 @@ pub struct Pipeline {
     task: Option<JoinHandle<anyhow::Result<()>>>,
     markers: BTreeMap<String, i64>,
     sequence: u64,
+    cache: Option<std::path::PathBuf>,
 }
 
 pub fn settings(brokers: &str) -> IngestSettings {
@@ -61,7 +62,7 @@ impl Pipeline {
         sources: &[&str],
         adjust: impl FnOnce(IngestSettings) -> IngestSettings,
     ) -> Pipeline {
-        Self::start_full(awards, sources, &[], adjust).await
+        Self::start_full(awards, sources, &[], None, adjust).await
     }
 
     /// With extra functions pushed before the awards are applied.
@@ -70,18 +71,31 @@ impl Pipeline {
         sources: &[&str],
         functions: &[(&str, Vec<u8>)],
     ) -> Pipeline {
-        Self::start_full(awards, sources, functions, |s| s).await
+        Self::start_full(awards, sources, functions, None, |s| s).await
+    }
+
+    /// As `start_with_functions`, where every runtime of the pipeline keeps
+    /// compiled components in `cache` (a new folder of the test's): large
+    /// components (Python's) are compiled once, not by each.
+    pub async fn start_with_functions_cached(
+        awards: &str,
+        sources: &[&str],
+        functions: &[(&str, Vec<u8>)],
+        cache: &std::path::Path,
+    ) -> Pipeline {
+        Self::start_full(awards, sources, functions, Some(cache.to_path_buf()), |s| s).await
     }
 
     async fn start_full(
         awards: &str,
         sources: &[&str],
         functions: &[(&str, Vec<u8>)],
+        cache: Option<std::path::PathBuf>,
         adjust: impl FnOnce(IngestSettings) -> IngestSettings,
     ) -> Pipeline {
         let db = TestDb::new().await;
         let mut store = db.store().await;
-        let runtime = support::runtime();
+        let runtime = support::runtime_cached(cache.clone());
         library::register(&mut store, &runtime).await.unwrap();
         for (name, bytes) in functions {
             laurel::registry::push(&mut store, &runtime, name, bytes, None)
@@ -108,12 +122,15 @@ impl Pipeline {
         let catalog = Catalog::start(&db.url).await.unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
         let url = db.url.clone();
+        let ingest_cache = cache.clone();
         let ingest_settings = adjust(settings(broker.bootstrap_servers()));
         let task = tokio::spawn(async move {
             laurel::cli::ingest_and_backfill(
                 ingest_settings,
                 &url,
-                own_registry(&url).await,
+                Registry::start(&url, support::runtime_cached(ingest_cache))
+                    .await
+                    .unwrap(),
                 catalog,
                 async {
                     let _ = stopped.await;
@@ -130,6 +147,7 @@ impl Pipeline {
             task: Some(task),
             markers: BTreeMap::new(),
             sequence: 0,
+            cache,
         }
     }
 
@@ -258,7 +276,13 @@ impl Pipeline {
     /// An awards worker on this pipeline's database, with a registry and a
     /// catalog of its own (as a separate process would have).
     pub async fn awards_worker(&self) -> AwardsWorker {
-        awards_worker(&self.db.url, AwardsSettings::default()).await
+        let catalog = Catalog::start(&self.db.url).await.unwrap();
+        let registry = Registry::start(&self.db.url, support::runtime_cached(self.cache.clone()))
+            .await
+            .unwrap();
+        AwardsWorker::new(&self.db.url, registry, catalog, AwardsSettings::default())
+            .await
+            .unwrap()
     }
 
     pub async fn stop(mut self) {

@@ -20,6 +20,18 @@ pub fn runtime() -> Runtime {
     })
 }
 
+/// As [`runtime`], keeping compiled components in `cache` when given.
+pub fn runtime_cached(cache: Option<std::path::PathBuf>) -> Runtime {
+    Runtime::new(
+        Limits {
+            cpu_budget: Duration::from_secs(10),
+            ..Limits::default()
+        },
+        cache,
+    )
+    .expect("runtime")
+}
+
 pub fn runtime_with(limits: Limits) -> Runtime {
     // No on-disk cache here: tests check compilation, and must not depend
     // on what an earlier run left behind. The cache has its own test.

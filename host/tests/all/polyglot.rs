@@ -1,0 +1,515 @@
+//! Functions in Python and JavaScript, written as a product engineer
+//! would: `laurel functions new --lang python|js` in a folder outside this
+//! checkout, the language's own tools (componentize-py from PyPI, jco from
+//! npm, installed here on first use), `laurel functions test` on the
+//! fixture the project comes with, then pushed and run by ingest next to
+//! the built-ins, counting exactly; a Python rule that raises and a
+//! JavaScript filter that loops hold their own objective only.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::{Mutex, OnceLock};
+
+use serde_json::json;
+
+use crate::pipeline_support::Pipeline;
+
+const KINDS: [&str; 4] = ["filter", "rule", "strategy", "transform"];
+
+/// The example's name per kind (the scaffold renames it to the new one).
+fn name_of(lang: &str, kind: &str) -> String {
+    let base = match kind {
+        "filter" => "MinRating",
+        "rule" => "LongReviews",
+        "strategy" => "WeightedGoal",
+        _ => "TripLines",
+    };
+    format!("{base}{}", if lang == "python" { "Py" } else { "Js" })
+}
+
+fn laurel() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_laurel"));
+    command
+        .env("LAUREL_LOG", "warn")
+        .env_remove("LAUREL_KAFKA_BROKERS");
+    command
+}
+
+fn text(output: &Output) -> String {
+    format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+fn run(command: &mut Command, what: &str) -> String {
+    let output = command
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: cannot start: {e}"));
+    let printed = text(&output);
+    assert!(output.status.success(), "{what} failed:\n{printed}");
+    printed
+}
+
+/// Tools and projects live beside the build (kept between runs, like it),
+/// outside this checkout.
+fn work_dir() -> PathBuf {
+    // LAUREL_GUEST_DIR = <target>/guest/wasm32-wasip2/guest
+    laurel::library::guest_dir()
+        .ancestors()
+        .nth(3)
+        .unwrap()
+        .join("polyglot")
+}
+
+/// The version the scaffold's requirements.txt pins.
+fn componentize_py_pin() -> String {
+    let project = work_dir().join("pin");
+    let _ = std::fs::remove_dir_all(&project);
+    run(
+        laurel()
+            .args([
+                "functions",
+                "new",
+                "Pin",
+                "--kind",
+                "rule",
+                "--lang",
+                "python",
+                "--dir",
+            ])
+            .arg(&project),
+        "functions new",
+    );
+    let pin = std::fs::read_to_string(project.join("requirements.txt")).unwrap();
+    pin.trim().to_string()
+}
+
+/// A folder whose `bin/` has componentize-py as the project pins it
+/// (installed from PyPI into a virtual environment on first use).
+fn python_tools() -> &'static Path {
+    static TOOLS: OnceLock<PathBuf> = OnceLock::new();
+    TOOLS.get_or_init(|| {
+        let pin = componentize_py_pin();
+        let venv = work_dir().join("python-tools");
+        let version = pin.trim_start_matches("componentize-py==");
+        let installed = Command::new(venv.join("bin/componentize-py"))
+            .arg("--version")
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).contains(version))
+            .unwrap_or(false);
+        if !installed {
+            let _ = std::fs::remove_dir_all(&venv);
+            run(
+                Command::new("python3").args(["-m", "venv"]).arg(&venv),
+                "python3 -m venv",
+            );
+            run(
+                Command::new(venv.join("bin/pip")).args(["install", "--quiet", &pin]),
+                "pip install componentize-py",
+            );
+        }
+        venv
+    })
+}
+
+/// PATH with `dir` first.
+fn path_with(dir: &Path) -> String {
+    format!(
+        "{}:{}",
+        dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    )
+}
+
+/// Makes a project with `laurel functions new` in a new folder, lets
+/// `edit` change it, and builds it with its language's tools: the
+/// component's bytes.
+fn build(lang: &str, kind: &str, name: &str, edit: impl FnOnce(&Path)) -> Vec<u8> {
+    let dir = work_dir().join(format!("{lang}-{kind}-{name}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    let printed = run(
+        laurel()
+            .args([
+                "functions",
+                "new",
+                name,
+                "--kind",
+                kind,
+                "--lang",
+                lang,
+                "--dir",
+            ])
+            .arg(&dir),
+        "functions new",
+    );
+    let wasm = laurel::scaffold::crate_name(name).replace('-', "_") + ".wasm";
+    match lang {
+        "python" => {
+            assert!(printed.contains("./build.sh"), "{printed}");
+            assert!(
+                dir.join("vendor/laurel-python/wit/award.wit").is_file()
+                    && dir
+                        .join("vendor/laurel-python/laurel/__init__.py")
+                        .is_file(),
+                "the SDK and its WIT are written with the project"
+            );
+            edit(&dir);
+            let tools = python_tools();
+            run(
+                Command::new(dir.join("build.sh"))
+                    .current_dir(&dir)
+                    .env("PATH", path_with(&tools.join("bin"))),
+                &format!("{name}: ./build.sh"),
+            );
+        }
+        _ => {
+            assert!(printed.contains("npm run build"), "{printed}");
+            assert!(dir.join("vendor/laurel-js/wit/award.wit").is_file());
+            edit(&dir);
+            // The project's own commands; npm's cache makes the install
+            // after the first one quick.
+            run(
+                Command::new("npm")
+                    .args(["install", "--prefer-offline", "--no-audit", "--no-fund"])
+                    .current_dir(&dir),
+                &format!("{name}: npm install"),
+            );
+            run(
+                Command::new("npm")
+                    .args(["run", "--silent", "build"])
+                    .current_dir(&dir),
+                &format!("{name}: npm run build"),
+            );
+        }
+    }
+    let printed = run(
+        laurel()
+            .args(["functions", "test"])
+            .arg(&wasm)
+            .current_dir(&dir),
+        &format!("{name}: laurel functions test"),
+    );
+    assert!(
+        printed.contains(&format!("({kind}): 1 cases, 1 passed, 0 failed")),
+        "{printed}"
+    );
+    let bytes = std::fs::read(dir.join(&wasm)).unwrap();
+    // Only the component is kept: JavaScript's node_modules are large.
+    let _ = std::fs::remove_dir_all(&dir);
+    bytes
+}
+
+/// The SDK's example of `kind` in `lang`, built once per test run.
+fn example(lang: &str, kind: &str) -> Vec<u8> {
+    type Built = HashMap<(String, String), Vec<u8>>;
+    static BUILT: OnceLock<Mutex<Built>> = OnceLock::new();
+    // Held while building: two tests that want the same example wait for
+    // one build (and builds, CPU-bound, do not run two at once).
+    let mut built = BUILT
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    built
+        .entry((lang.to_string(), kind.to_string()))
+        .or_insert_with(|| build(lang, kind, &name_of(lang, kind), |_| {}))
+        .clone()
+}
+
+#[test]
+fn every_kind_in_python_and_javascript_is_made_built_and_passes_its_fixture() {
+    for lang in ["python", "js"] {
+        for kind in KINDS {
+            let bytes = example(lang, kind);
+            // What a team gives up in size, per language.
+            println!("{lang} {kind}: {} bytes", bytes.len());
+        }
+    }
+}
+
+const POLYGLOT_AWARDS: &str = r#"[{
+  "id": "critic-py", "title": "Critic (Python filter, JavaScript rule)",
+  "objectives": [{"id": "long",
+    "filters": [{"name": "MinRatingPy", "config": {"field": "/rating", "min": 4}}],
+    "rule": {"name": "LongReviewsJs", "config": {"counter": "long", "min_chars": 10}},
+    "progress_counter": "long"}],
+  "strategy_function": "WeightedGoalPy", "strategy": {"weights": {"long": 1}, "goal": 3}
+}, {
+  "id": "critic-js", "title": "Critic (JavaScript filter, Python rule)",
+  "objectives": [{"id": "long",
+    "filters": [{"name": "MinRatingJs", "config": {"field": "/rating", "min": 4}}],
+    "rule": {"name": "LongReviewsPy", "config": {"counter": "long", "min_chars": 10}},
+    "progress_counter": "long"}],
+  "strategy_function": "WeightedGoalJs", "strategy": {"weights": {"long": 1}, "goal": 3}
+}, {
+  "id": "fragile-py", "title": "A Python rule that raises",
+  "objectives": [{"id": "n",
+    "filters": [{"name": "EventTypeFilter", "config": {"types": ["review", "boom", "loop"]}}],
+    "rule": {"name": "RaisingPy", "config": {}},
+    "progress_counter": "n"}],
+  "strategy": {"goal": 100, "strategy": [{"objective_id": "n"}]}
+}, {
+  "id": "fragile-js", "title": "A JavaScript filter that loops",
+  "objectives": [{"id": "n",
+    "filters": [{"name": "EventTypeFilter", "config": {"types": ["review", "boom", "loop"]}},
+                {"name": "LoopingJs", "config": {}}],
+    "rule": {"name": "CountRule", "config": {"counter": "n"}},
+    "progress_counter": "n"}],
+  "strategy": {"goal": 100, "strategy": [{"objective_id": "n"}]}
+}, {
+  "id": "steady", "title": "Every review",
+  "objectives": [{"id": "n",
+    "filters": [{"name": "EventTypeFilter", "config": {"types": ["review", "boom", "loop"]}}],
+    "rule": {"name": "CountRule", "config": {"counter": "n"}},
+    "progress_counter": "n"}],
+  "strategy": {"goal": 100, "strategy": [{"objective_id": "n"}]}
+}]"#;
+
+const RAISING_PY: &str = r#""""RaisingPy: counts 1 per event, and raises on events of type `boom`."""
+
+import laurel
+
+
+class RaisingPy:
+    def __init__(self, config):
+        pass
+
+    def contribute(self, event):
+        if event.type == "boom":
+            raise RuntimeError(f"RaisingPy cannot take event {event.id}")
+        return laurel.absolute({"n": 1})
+
+
+laurel.export(RaisingPy)
+"#;
+
+const LOOPING_JS: &str = r#"// LoopingJs: matches every event, and never returns on events of type `loop`.
+
+import { exportFilter } from "laurel";
+
+class LoopingJs {
+  constructor(config) {}
+
+  matches(event) {
+    if (event.type === "loop") {
+      for (;;) {}
+    }
+    return true;
+  }
+}
+
+export const { filters, filterScope } = exportFilter(LoopingJs);
+"#;
+
+fn counters(pairs: &[(&str, i64)]) -> std::collections::BTreeMap<String, i64> {
+    pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+}
+
+fn review(
+    id: &str,
+    user: &str,
+    item: &str,
+    status: &str,
+    rating: i64,
+    text: &str,
+) -> serde_json::Value {
+    json!({
+        "id": id, "source": "reviews", "type": "review", "user_id": user, "authorized": true,
+        "content_id": item, "status": status, "occurred_at": "2026-12-01T10:00:00Z",
+        "payload": {"rating": rating, "text": text}
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_and_javascript_functions_count_exactly_and_a_failing_one_holds_only_its_objective()
+{
+    let mut functions: Vec<(String, Vec<u8>)> = Vec::new();
+    for lang in ["python", "js"] {
+        for kind in ["filter", "rule", "strategy"] {
+            functions.push((name_of(lang, kind), example(lang, kind)));
+        }
+    }
+    functions.push((
+        "RaisingPy".into(),
+        build("python", "rule", "RaisingPy", |dir| {
+            std::fs::write(dir.join("app.py"), RAISING_PY).unwrap();
+            // The fixture is the example's: not this rule's.
+            std::fs::remove_dir_all(dir.join("fixtures/example")).unwrap();
+            write_case(
+                dir,
+                "{}",
+                &[json!({"id": "e-1", "type": "review"})],
+                &[json!({"counters": {"n": 1}, "dedup_key": null, "additive": false})],
+            );
+        }),
+    ));
+    functions.push((
+        "LoopingJs".into(),
+        build("js", "filter", "LoopingJs", |dir| {
+            std::fs::write(dir.join("function.js"), LOOPING_JS).unwrap();
+            std::fs::remove_dir_all(dir.join("fixtures/example")).unwrap();
+            write_case(
+                dir,
+                "{}",
+                &[json!({"id": "e-1", "type": "review"})],
+                &[json!(true)],
+            );
+        }),
+    ));
+    let functions: Vec<(&str, Vec<u8>)> = functions
+        .iter()
+        .map(|(name, bytes)| (name.as_str(), bytes.clone()))
+        .collect();
+    let cache = work_dir().join(format!("compiled-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&cache);
+    let mut p =
+        Pipeline::start_with_functions_cached(POLYGLOT_AWARDS, &["reviews"], &functions, &cache)
+            .await;
+    p.settle("reviews", "u-0").await;
+
+    // Two long, well-rated reviews, a short one, a badly rated one; then
+    // one of the long ones is blocked: 2, then 1, in both awards.
+    for event in [
+        review("r-1", "u-1", "c-1", "active", 5, "A fine place to stop."),
+        review(
+            "r-2",
+            "u-1",
+            "c-2",
+            "active",
+            4,
+            "Good coffee, kind people.",
+        ),
+        review("r-3", "u-1", "c-3", "active", 5, "Fine."),
+        review("r-4", "u-1", "c-4", "active", 2, "Not a fine place at all."),
+    ] {
+        p.send(&event).await;
+    }
+    p.settle("reviews", "u-1").await;
+    for award in ["critic-py", "critic-js"] {
+        assert_eq!(
+            p.objective("u-1", award, "long").await,
+            counters(&[("long", 2)]),
+            "{award}"
+        );
+    }
+    p.send(&review(
+        "r-5",
+        "u-1",
+        "c-2",
+        "blocked",
+        4,
+        "Good coffee, kind people.",
+    ))
+    .await;
+    p.settle("reviews", "u-1").await;
+    for award in ["critic-py", "critic-js"] {
+        assert_eq!(
+            p.objective("u-1", award, "long").await,
+            counters(&[("long", 1)]),
+            "{award}"
+        );
+    }
+    // The strategies (Python and JavaScript) make the progress.
+    p.awards_worker().await.drain().await.unwrap();
+    let sql = p.db.sql().await;
+    for award in ["critic-py", "critic-js"] {
+        let row = sql
+            .query_one(
+                "SELECT progress, goal, completed FROM user_achieve WHERE user_id = 'u-1' AND award_id = $1",
+                &[&award],
+            )
+            .await
+            .unwrap();
+        let (progress, goal, completed): (f64, f64, bool) = (row.get(0), row.get(1), row.get(2));
+        assert_eq!((progress, goal, completed), (1.0, 3.0, false), "{award}");
+    }
+
+    // A Python rule that raises and a JavaScript filter that loops: each
+    // holds that event for its own objective, with its reason; the others
+    // count it, and the next event is counted by all.
+    let mut boom = review("boom-1", "u-2", "c-9", "active", 5, "boom");
+    boom["type"] = json!("boom");
+    let mut looping = review("loop-1", "u-2", "c-10", "active", 5, "loop");
+    looping["type"] = json!("loop");
+    p.send(&boom).await;
+    p.send(&looping).await;
+    p.send(&review(
+        "after-1",
+        "u-2",
+        "c-11",
+        "active",
+        5,
+        "A fine place to stop.",
+    ))
+    .await;
+    p.settle("reviews", "u-2").await;
+    let held = p.dead_letters().await;
+    let scopes: Vec<(&str, Option<&str>)> = held
+        .iter()
+        .map(|(id, scope, _)| (id.as_deref().unwrap_or_default(), scope.as_deref()))
+        .collect();
+    assert_eq!(
+        scopes,
+        [
+            ("boom-1", Some("fragile-py/n")),
+            ("loop-1", Some("fragile-js/n"))
+        ],
+        "{held:#?}"
+    );
+    assert!(
+        held[0].2.contains("RaisingPy v1 trapped")
+            && held[0].2.contains("RaisingPy cannot take event boom-1"),
+        "the Python traceback's message is kept: {}",
+        held[0].2
+    );
+    assert!(
+        held[1].2.contains("LoopingJs v1 exceeded its CPU budget"),
+        "{}",
+        held[1].2
+    );
+    // The steady award counted all three; the fragile ones the two they
+    // could (the raising rule's objective holds boom-1 only, the looping
+    // filter's loop-1 only).
+    for (award, n) in [("steady", 3), ("fragile-py", 2), ("fragile-js", 2)] {
+        assert_eq!(
+            p.objective("u-2", award, "n").await,
+            counters(&[("n", n)]),
+            "{award}"
+        );
+    }
+    p.stop().await;
+    let _ = std::fs::remove_dir_all(&cache);
+}
+
+/// Writes the project's one fixture case.
+fn write_case(
+    dir: &Path,
+    config: &str,
+    input: &[serde_json::Value],
+    expected: &[serde_json::Value],
+) {
+    let case = dir.join("fixtures/own");
+    std::fs::create_dir_all(&case).unwrap();
+    std::fs::write(case.join("config.json"), config).unwrap();
+    let lines = |values: &[serde_json::Value]| {
+        values
+            .iter()
+            .map(|v| {
+                let mut v = v.clone();
+                if v.is_object() && v.get("source").is_none() && v.get("counters").is_none() {
+                    let object = v.as_object_mut().unwrap();
+                    object.insert("source".into(), json!("reviews"));
+                    object.insert("user_id".into(), json!("u-1"));
+                    object.insert("authorized".into(), json!(true));
+                    object.insert("occurred_at".into(), json!("2026-12-01T10:00:00Z"));
+                    object.insert("payload".into(), json!({}));
+                }
+                v.to_string() + "\n"
+            })
+            .collect::<String>()
+    };
+    std::fs::write(case.join("input.jsonl"), lines(input)).unwrap();
+    std::fs::write(case.join("expected.jsonl"), lines(expected)).unwrap();
+}

@@ -139,10 +139,22 @@ pub fn parse(text: &str) -> Result<Vec<AwardDefinition>, InvalidDefinitions> {
                 .get("id")
                 .and_then(Value::as_str)
                 .map_or_else(|| format!("#{}", i + 1), str::to_string);
-            serde_json::from_value(item)
+            serde_json::from_value(without_schema(item))
                 .map_err(|e| invalid(&name, format!("invalid definition: {e}")))
         })
         .collect()
+}
+
+/// A definition without its `"$schema"` (the address of its JSON Schema,
+/// for editors), when that is a string; anything else stays and is refused
+/// as an unknown field.
+pub(crate) fn without_schema(mut item: Value) -> Value {
+    if let Some(object) = item.as_object_mut()
+        && object.get("$schema").is_some_and(Value::is_string)
+    {
+        object.remove("$schema");
+    }
+    item
 }
 
 fn invalid(award: &str, reason: String) -> InvalidDefinitions {

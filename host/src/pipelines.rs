@@ -83,7 +83,7 @@ pub fn parse(text: &str) -> Result<Vec<PipelineDefinition>, InvalidPipelines> {
             .get("name")
             .and_then(Value::as_str)
             .map_or_else(|| format!("#{}", i + 1), str::to_string);
-        match serde_json::from_value(item) {
+        match serde_json::from_value(crate::definitions::without_schema(item)) {
             Ok(definition) => definitions.push(definition),
             Err(e) => problems.push(problem(&name, format!("invalid definition: {e}"))),
         }

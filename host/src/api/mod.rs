@@ -471,9 +471,11 @@ async fn openapi() -> Response {
 }
 
 /// The JSON Schemas of what Laurel takes, as served at `/schemas/NAME`:
-/// the award definition, the event envelope and the fixture lines.
-pub const SCHEMAS: [(&str, &str); 3] = [
+/// the award and pipeline definitions, the event envelope and the fixture
+/// lines.
+pub const SCHEMAS: [(&str, &str); 4] = [
     ("award.json", include_str!("schemas/award.json")),
+    ("pipeline.json", include_str!("schemas/pipeline.json")),
     ("event.json", include_str!("schemas/event.json")),
     ("fixture.json", include_str!("schemas/fixture.json")),
 ];
@@ -486,7 +488,7 @@ async fn schema(axum::extract::Path(name): axum::extract::Path<String>) -> Respo
         )
             .into_response(),
         None => ApiError::NotFound(format!(
-            "no schema named {name:?} (award.json, event.json, fixture.json)"
+            "no schema named {name:?} (award.json, pipeline.json, event.json, fixture.json)"
         ))
         .into_response(),
     }

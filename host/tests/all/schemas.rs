@@ -1,8 +1,10 @@
 //! The JSON Schemas served at `/schemas/*.json` against what Laurel
 //! really accepts: for award definitions and event envelopes, a corpus of
 //! accepted and refused documents gets the same verdict from the schema as
-//! from Laurel's own checks; every line of the built-ins' fixtures fits
-//! the fixture schema of its function's kind.
+//! from Laurel's own checks (pipeline definitions likewise); every line of
+//! the built-ins' and the SDK examples' fixtures fits the fixture schema of
+//! its function's kind; every award, pipeline and event the docs show fits
+//! its schema.
 
 use std::path::Path;
 
@@ -181,17 +183,29 @@ fn every_line_of_the_builtin_fixtures_fits_the_fixture_schema_of_its_kind() {
         wrapper["$ref"] = json!(format!("#/$defs/{definition}"));
         validator(&wrapper)
     };
-    let cases = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cases");
+    let host = Path::new(env!("CARGO_MANIFEST_DIR"));
+    // Every built-in's cases, and the SDKs' examples' (one per kind, which
+    // `laurel functions new` writes into every new project).
+    let mut all: Vec<(&str, std::path::PathBuf)> = Vec::new();
+    for builtin in laurel::library::BUILTINS {
+        for case in std::fs::read_dir(host.join("tests/cases").join(builtin.name)).unwrap() {
+            all.push((builtin.kind.as_str(), case.unwrap().path()));
+        }
+    }
+    for kind in ["filter", "rule", "strategy", "transform"] {
+        all.push((
+            kind,
+            host.join("../functions/guest/examples/fixtures").join(kind),
+        ));
+    }
     let mut lines = 0;
     let mut problems = Vec::new();
-    for builtin in laurel::library::BUILTINS {
-        let kind = builtin.kind.as_str();
+    for (kind, case) in all {
         let (input, expected) = (
             of(&format!("{kind}_input")),
             of(&format!("{kind}_expected")),
         );
-        for case in std::fs::read_dir(cases.join(builtin.name)).unwrap() {
-            let case = case.unwrap().path();
+        {
             for (file, validator) in [("input.jsonl", &input), ("expected.jsonl", &expected)] {
                 let Ok(text) = std::fs::read_to_string(case.join(file)) else {
                     continue;
@@ -218,4 +232,138 @@ fn every_line_of_the_builtin_fixtures_fits_the_fixture_schema_of_its_kind() {
             .is_valid(&json!({"counters": {"n": 1.5}, "dedup_key": null, "additive": false}))
     );
     assert!(!of("strategy_expected").is_valid(&json!({"progress": 1})));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pipeline_schema_accepts_what_laurel_accepts_and_refuses_what_it_refuses() {
+    let db = TestDb::new().await;
+    let mut store = db.store().await;
+    laurel::library::register(&mut store, &support::runtime())
+        .await
+        .unwrap();
+    let registry = Registry::start(&db.url, support::runtime()).await.unwrap();
+    let pipeline = validator(&schema("pipeline.json"));
+    let good = json!({
+        "name": "navigator", "input_topic": "raw.navigator", "source": "bss",
+        "transform": {"name": "KeyValueTransform", "config": {"fields": {
+            "user_id": "uid", "type": "event", "authorized": {"const": true},
+            "occurred_at": "ts", "occurred_at_unit": "s", "payload": {"distance_m": "dist"}}}}
+    });
+    let changed = |change: &dyn Fn(&mut Value)| {
+        let mut value = good.clone();
+        change(&mut value);
+        value
+    };
+    let corpus = [
+        good.clone(),
+        changed(&|v| v["$schema"] = json!("http://127.0.0.1:8080/schemas/pipeline.json")),
+        changed(&|v| v["input_topic"] = json!("raw_2.x-y")),
+        changed(&|v| v["$schema"] = json!(7)),
+        changed(&|v| v["input_topic"] = json!("events.bss")),
+        changed(&|v| v["input_topic"] = json!("raw.navigator.dead")),
+        changed(&|v| v["input_topic"] = json!("has space")),
+        changed(&|v| v["input_topic"] = json!("")),
+        changed(&|v| v["input_topic"] = json!("..")),
+        changed(&|v| v["name"] = json!("-dash")),
+        changed(&|v| v["source"] = json!("a/b")),
+        changed(&|v| v["transform"]["config"] = json!([1])),
+        changed(&|v| v["transform"]["version"] = json!(2)),
+        changed(&|v| v["colour"] = json!("red")),
+        changed(&|v| {
+            v.as_object_mut().unwrap().remove("source");
+        }),
+    ];
+    let mut disagreements = Vec::new();
+    let (mut accepted, mut refused) = (0, 0);
+    for definition in &corpus {
+        let laurel_accepts = laurel::pipelines::parse(&definition.to_string())
+            .map_err(|e| e.to_string())
+            .and_then(|parsed| {
+                laurel::pipelines::validate(&parsed, &registry).map_err(|e| e.to_string())
+            });
+        let schema_errors = errors(&pipeline, definition);
+        match (&laurel_accepts, schema_errors.is_empty()) {
+            (Ok(_), true) => accepted += 1,
+            (Err(_), false) => refused += 1,
+            (verdict, _) => disagreements.push(format!(
+                "{definition}\n  laurel: {verdict:?}\n  schema: {schema_errors:?}"
+            )),
+        }
+    }
+    assert!(disagreements.is_empty(), "{}", disagreements.join("\n"));
+    assert_eq!((accepted, refused), (3, 12));
+}
+
+/// Every JSON block of the README and docs/, and every file of the demo,
+/// that is an award definition (it has `objectives`), a pipeline
+/// definition (`input_topic`) or an event (`occurred_at` and `user_id`)
+/// fits its schema, a file of several definitions each of them; so the
+/// examples cannot drift from what Laurel takes.
+#[test]
+fn every_award_pipeline_and_event_the_docs_show_fits_its_schema() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut pages = vec![root.join("README.md")];
+    for entry in std::fs::read_dir(root.join("docs")).unwrap() {
+        pages.push(entry.unwrap().path());
+    }
+    // The demo's definitions are documents too (`laurel up --demo`
+    // applies them), each naming its schema for editors.
+    let mut documents = Vec::new();
+    for entry in std::fs::read_dir(root.join("host/demo")).unwrap() {
+        let path = entry.unwrap().path();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            text.contains("\"$schema\": \"../src/api/schemas/"),
+            "{} names no schema",
+            path.display()
+        );
+        documents.push((path, format!("```json\n{text}\n```")));
+    }
+    for page in pages {
+        let text = std::fs::read_to_string(&page).unwrap();
+        documents.push((page, text));
+    }
+    let (award, pipeline, event) = (
+        validator(&schema("award.json")),
+        validator(&schema("pipeline.json")),
+        validator(&schema("event.json")),
+    );
+    let mut checked = [0; 3];
+    let mut problems = Vec::new();
+    for (page, text) in documents {
+        for block in text.split("```json\n").skip(1) {
+            let Some((json_text, _)) = block.split_once("\n```") else {
+                continue;
+            };
+            // Blocks of one value; a fragment (with `...`) is not a document.
+            let Ok(value) = serde_json::from_str::<Value>(json_text) else {
+                continue;
+            };
+            let items = match value {
+                Value::Array(items) => items,
+                one => vec![one],
+            };
+            for item in items {
+                let which = if item.get("objectives").is_some() {
+                    0
+                } else if item.get("input_topic").is_some() {
+                    1
+                } else if item.get("occurred_at").is_some() && item.get("user_id").is_some() {
+                    2
+                } else {
+                    continue;
+                };
+                checked[which] += 1;
+                let validator = [&award, &pipeline, &event][which];
+                for error in errors(validator, &item) {
+                    problems.push(format!("{}: {item}: {error}", page.display()));
+                }
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    assert!(
+        checked[0] >= 2 && checked[1] >= 2,
+        "awards, pipelines, events checked: {checked:?}"
+    );
 }

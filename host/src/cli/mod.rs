@@ -186,9 +186,10 @@ enum FunctionsCommand {
         #[arg(long, short, value_name = "FILE")]
         output: Option<PathBuf>,
     },
-    /// Start a function in a crate of its own, outside any Laurel
-    /// checkout: an example of the kind, a fixture case that passes against
-    /// it, and a README that says how to build, test and push it.
+    /// Start a function in a project of its own (Rust, Python or
+    /// JavaScript), outside any Laurel checkout: the SDK, an example of the
+    /// kind, a fixture case that passes against it, and a README that says
+    /// how to build, test and push it.
     New {
         /// The function's name, as awards will reference it (e.g. GoodRating).
         name: String,

@@ -309,6 +309,14 @@ impl<W: World> Slot<W> {
         })
     }
 
+    /// The live instance's linear memories together, in bytes (0 when
+    /// none is live).
+    fn memory_bytes(&self) -> usize {
+        self.live
+            .as_ref()
+            .map_or(0, |live| live.store.data().limiter.used())
+    }
+
     fn succeeded(&self) {
         self.function.record(&Ok(()));
     }
@@ -489,6 +497,11 @@ impl FilterInstance {
         &self.slot.function
     }
 
+    /// The memory its instance holds now, all its memories together.
+    pub fn memory_bytes(&self) -> usize {
+        self.slot.memory_bytes()
+    }
+
     /// The sources this filter can match (`None`: any).
     pub fn sources(&self) -> Option<&[String]> {
         self.sources.as_deref()
@@ -533,6 +546,11 @@ impl RuleInstance {
 
     pub fn function(&self) -> &Arc<Function> {
         &self.slot.function
+    }
+
+    /// The memory its instance holds now, all its memories together.
+    pub fn memory_bytes(&self) -> usize {
+        self.slot.memory_bytes()
     }
 
     /// One answer per event: `Ok(None)` when the rule ignores the event,

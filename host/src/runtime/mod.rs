@@ -734,6 +734,11 @@ pub(crate) struct MemoryLimiter {
 }
 
 impl MemoryLimiter {
+    /// The instance's memories' sizes together, as granted.
+    pub(crate) fn used(&self) -> usize {
+        self.used
+    }
+
     pub(crate) fn new(limit: usize) -> MemoryLimiter {
         MemoryLimiter {
             limit,

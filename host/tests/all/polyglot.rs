@@ -7,13 +7,16 @@
 //! JavaScript filter that loops hold their own objective only.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::Path;
 use std::sync::{Mutex, OnceLock};
 
 use serde_json::json;
 
 use crate::pipeline_support::Pipeline;
+
+#[path = "../../benches/support/projects.rs"]
+mod projects;
+use projects::{build, work_dir};
 
 const KINDS: [&str; 4] = ["filter", "rule", "strategy", "transform"];
 
@@ -26,180 +29,6 @@ fn name_of(lang: &str, kind: &str) -> String {
         _ => "TripLines",
     };
     format!("{base}{}", if lang == "python" { "Py" } else { "Js" })
-}
-
-fn laurel() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_laurel"));
-    command
-        .env("LAUREL_LOG", "warn")
-        .env_remove("LAUREL_KAFKA_BROKERS");
-    command
-}
-
-fn text(output: &Output) -> String {
-    format!(
-        "{}\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
-}
-
-fn run(command: &mut Command, what: &str) -> String {
-    let output = command
-        .output()
-        .unwrap_or_else(|e| panic!("{what}: cannot start: {e}"));
-    let printed = text(&output);
-    assert!(output.status.success(), "{what} failed:\n{printed}");
-    printed
-}
-
-/// Tools and projects live beside the build (kept between runs, like it),
-/// outside this checkout.
-fn work_dir() -> PathBuf {
-    // LAUREL_GUEST_DIR = <target>/guest/wasm32-wasip2/guest
-    laurel::library::guest_dir()
-        .ancestors()
-        .nth(3)
-        .unwrap()
-        .join("polyglot")
-}
-
-/// The version the scaffold's requirements.txt pins.
-fn componentize_py_pin() -> String {
-    let project = work_dir().join("pin");
-    let _ = std::fs::remove_dir_all(&project);
-    run(
-        laurel()
-            .args([
-                "functions",
-                "new",
-                "Pin",
-                "--kind",
-                "rule",
-                "--lang",
-                "python",
-                "--dir",
-            ])
-            .arg(&project),
-        "functions new",
-    );
-    let pin = std::fs::read_to_string(project.join("requirements.txt")).unwrap();
-    pin.trim().to_string()
-}
-
-/// A folder whose `bin/` has componentize-py as the project pins it
-/// (installed from PyPI into a virtual environment on first use).
-fn python_tools() -> &'static Path {
-    static TOOLS: OnceLock<PathBuf> = OnceLock::new();
-    TOOLS.get_or_init(|| {
-        let pin = componentize_py_pin();
-        let venv = work_dir().join("python-tools");
-        let version = pin.trim_start_matches("componentize-py==");
-        let installed = Command::new(venv.join("bin/componentize-py"))
-            .arg("--version")
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).contains(version))
-            .unwrap_or(false);
-        if !installed {
-            let _ = std::fs::remove_dir_all(&venv);
-            run(
-                Command::new("python3").args(["-m", "venv"]).arg(&venv),
-                "python3 -m venv",
-            );
-            run(
-                Command::new(venv.join("bin/pip")).args(["install", "--quiet", &pin]),
-                "pip install componentize-py",
-            );
-        }
-        venv
-    })
-}
-
-/// PATH with `dir` first.
-fn path_with(dir: &Path) -> String {
-    format!(
-        "{}:{}",
-        dir.display(),
-        std::env::var("PATH").unwrap_or_default()
-    )
-}
-
-/// Makes a project with `laurel functions new` in a new folder, lets
-/// `edit` change it, and builds it with its language's tools: the
-/// component's bytes.
-fn build(lang: &str, kind: &str, name: &str, edit: impl FnOnce(&Path)) -> Vec<u8> {
-    let dir = work_dir().join(format!("{lang}-{kind}-{name}"));
-    let _ = std::fs::remove_dir_all(&dir);
-    let printed = run(
-        laurel()
-            .args([
-                "functions",
-                "new",
-                name,
-                "--kind",
-                kind,
-                "--lang",
-                lang,
-                "--dir",
-            ])
-            .arg(&dir),
-        "functions new",
-    );
-    let wasm = laurel::scaffold::crate_name(name).replace('-', "_") + ".wasm";
-    match lang {
-        "python" => {
-            assert!(printed.contains("./build.sh"), "{printed}");
-            assert!(
-                dir.join("vendor/laurel-python/wit/award.wit").is_file()
-                    && dir
-                        .join("vendor/laurel-python/laurel/__init__.py")
-                        .is_file(),
-                "the SDK and its WIT are written with the project"
-            );
-            edit(&dir);
-            let tools = python_tools();
-            run(
-                Command::new(dir.join("build.sh"))
-                    .current_dir(&dir)
-                    .env("PATH", path_with(&tools.join("bin"))),
-                &format!("{name}: ./build.sh"),
-            );
-        }
-        _ => {
-            assert!(printed.contains("npm run build"), "{printed}");
-            assert!(dir.join("vendor/laurel-js/wit/award.wit").is_file());
-            edit(&dir);
-            // The project's own commands; npm's cache makes the install
-            // after the first one quick.
-            run(
-                Command::new("npm")
-                    .args(["install", "--prefer-offline", "--no-audit", "--no-fund"])
-                    .current_dir(&dir),
-                &format!("{name}: npm install"),
-            );
-            run(
-                Command::new("npm")
-                    .args(["run", "--silent", "build"])
-                    .current_dir(&dir),
-                &format!("{name}: npm run build"),
-            );
-        }
-    }
-    let printed = run(
-        laurel()
-            .args(["functions", "test"])
-            .arg(&wasm)
-            .current_dir(&dir),
-        &format!("{name}: laurel functions test"),
-    );
-    assert!(
-        printed.contains(&format!("({kind}): 1 cases, 1 passed, 0 failed")),
-        "{printed}"
-    );
-    let bytes = std::fs::read(dir.join(&wasm)).unwrap();
-    // Only the component is kept: JavaScript's node_modules are large.
-    let _ = std::fs::remove_dir_all(&dir);
-    bytes
 }
 
 /// The SDK's example of `kind` in `lang`, built once per test run.

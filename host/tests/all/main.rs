@@ -23,6 +23,10 @@ mod pipeline_support;
 mod polyglot;
 mod prefilter;
 mod processes;
+/// Function projects made with `laurel functions new` and built with their
+/// language's tool, shared with the benches.
+#[path = "../../benches/support/projects.rs"]
+mod projects;
 mod proxy;
 mod quickstart;
 mod registry;
@@ -34,3 +38,4 @@ mod support;
 mod tokens;
 mod traces;
 mod user_locks;
+mod walkthrough;

@@ -14,9 +14,7 @@ use serde_json::json;
 
 use crate::pipeline_support::Pipeline;
 
-#[path = "../../benches/support/projects.rs"]
-mod projects;
-use projects::{build, work_dir};
+use crate::projects::{build, work_dir};
 
 const KINDS: [&str; 4] = ["filter", "rule", "strategy", "transform"];
 

@@ -2,7 +2,8 @@
 //! would: `laurel functions new --lang python|js` in a folder outside this
 //! checkout, the language's own tools (componentize-py from PyPI, jco from
 //! npm, installed here on first use), `laurel functions test` on the
-//! fixture the project comes with, then pushed and run by ingest next to
+//! fixture the project comes with, pushed to a running Laurel over its
+//! admin API; and run by ingest next to
 //! the built-ins, counting exactly; a Python rule that raises and a
 //! JavaScript filter that loops hold their own objective only.
 
@@ -45,15 +46,55 @@ fn example(lang: &str, kind: &str) -> Vec<u8> {
         .clone()
 }
 
-#[test]
-fn every_kind_in_python_and_javascript_is_made_built_and_passes_its_fixture() {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_kind_in_python_and_javascript_is_made_built_passes_its_fixture_and_is_pushed_over_the_admin_api()
+ {
+    // A running Laurel (its API), as a team pushes to it.
+    let db = crate::support::TestDb::new().await;
+    const ADMIN: &str = "polyglot-admin-token";
+    let mut running = std::process::Command::new(env!("CARGO_BIN_EXE_laurel"))
+        .args(["serve", "--roles", "api"])
+        .env("LAUREL_DATABASE_URL", &db.url)
+        .env("LAUREL_HTTP_ADDR", "127.0.0.1:0")
+        .env("LAUREL_ADMIN_TOKEN", ADMIN)
+        .env("LAUREL_LOG", "warn")
+        .env_remove("LAUREL_KAFKA_BROKERS")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .map(crate::support::KillOnDrop)
+        .unwrap();
+    let api = running.printed_api_url();
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let http = reqwest::Client::new();
     for lang in ["python", "js"] {
         for kind in KINDS {
-            let bytes = example(lang, kind);
+            let bytes = tokio::task::spawn_blocking(move || example(lang, kind))
+                .await
+                .unwrap();
             // What a team gives up in size, per language.
             println!("{lang} {kind}: {} bytes", bytes.len());
+            let name = name_of(lang, kind);
+            let response = http
+                .put(format!("{api}/admin/v1/functions/{name}"))
+                .bearer_auth(ADMIN)
+                .header("content-type", "application/wasm")
+                .body(bytes)
+                .send()
+                .await
+                .unwrap();
+            let status = response.status().as_u16();
+            let pushed: serde_json::Value =
+                serde_json::from_str(&response.text().await.unwrap()).unwrap();
+            assert_eq!(status, 201, "{name}: {pushed}");
+            assert_eq!(
+                (&pushed["kind"], &pushed["version"], &pushed["live"]),
+                (&json!(kind), &json!(1), &json!(true)),
+                "{name}: {pushed}"
+            );
         }
     }
+    drop(running);
 }
 
 const POLYGLOT_AWARDS: &str = r#"[{

@@ -332,6 +332,19 @@ function create(Function, config) {
   }
 }
 
+/** What the four exported resources share: the project's class made from
+ * the config once (`create` throws the refusal, the WIT's error). */
+function resource(Function) {
+  return class {
+    constructor(function_) {
+      this.function = function_;
+    }
+    static create(config) {
+      return new this(create(Function, config));
+    }
+  };
+}
+
 function declared(function_, method) {
   if (typeof function_[method] !== "function") return undefined;
   const names = function_[method]();
@@ -360,13 +373,7 @@ function whole(value, name) {
 
 /** The `filters` and `filterScope` exports of a filter class. */
 export function exportFilter(Function) {
-  class Filter {
-    constructor(function_) {
-      this.function = function_;
-    }
-    static create(config) {
-      return new Filter(create(Function, config));
-    }
+  class Filter extends resource(Function) {
     sources() {
       return declared(this.function, "sources");
     }
@@ -390,13 +397,7 @@ export function exportFilter(Function) {
 
 /** The `rules` export of a rule class. */
 export function exportRule(Function) {
-  class Rule {
-    constructor(function_) {
-      this.function = function_;
-    }
-    static create(config) {
-      return new Rule(create(Function, config));
-    }
+  class Rule extends resource(Function) {
     contribute(batch) {
       return events(batch).map((event) => {
         const answer = answerOf(() => this.function.contribute(event));
@@ -422,13 +423,7 @@ export function exportRule(Function) {
 
 /** The `strategies` export of a strategy class. */
 export function exportStrategy(Function) {
-  class Strategy {
-    constructor(function_) {
-      this.function = function_;
-    }
-    static create(config) {
-      return new Strategy(create(Function, config));
-    }
+  class Strategy extends resource(Function) {
     objectives() {
       return declared(this.function, "objectives") ?? [];
     }
@@ -452,13 +447,7 @@ export function exportStrategy(Function) {
 
 /** The `transforms` and `transformScope` exports of a transform class. */
 export function exportTransform(Function) {
-  class Transform {
-    constructor(function_) {
-      this.function = function_;
-    }
-    static create(config) {
-      return new Transform(create(Function, config));
-    }
+  class Transform extends resource(Function) {
     apply(batch) {
       return records(batch).map((record) => this.one(record, undefined));
     }

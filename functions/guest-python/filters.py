@@ -1,22 +1,11 @@
 """The `filters` export of a Laurel filter built with componentize-py (the
 SDK's glue: a project's code is in app.py)."""
 
-from componentize_py_types import Err
-
 import laurel
+from laurel_resource import Resource
 
 
-class Filter:
-    def __init__(self, function):
-        self.function = function
-
-    @classmethod
-    def create(cls, config):
-        function, refused = laurel.create(config)
-        if refused is not None:
-            raise Err(refused)
-        return cls(function)
-
+class Filter(Resource):
     def sources(self):
         return laurel.declared(self.function, "sources")
 

@@ -5,19 +5,10 @@ from componentize_py_types import Err, Ok
 from wit_world.imports import types
 
 import laurel
+from laurel_resource import Resource
 
 
-class Rule:
-    def __init__(self, function):
-        self.function = function
-
-    @classmethod
-    def create(cls, config):
-        function, refused = laurel.create(config)
-        if refused is not None:
-            raise Err(refused)
-        return cls(function)
-
+class Rule(Resource):
     def contribute(self, batch):
         contribute = self.function.contribute
         answers = []

@@ -5,19 +5,10 @@ from componentize_py_types import Err, Ok
 from wit_world.imports import types
 
 import laurel
+from laurel_resource import Resource
 
 
-class Strategy:
-    def __init__(self, function):
-        self.function = function
-
-    @classmethod
-    def create(cls, config):
-        function, refused = laurel.create(config)
-        if refused is not None:
-            raise Err(refused)
-        return cls(function)
-
+class Strategy(Resource):
     def objectives(self):
         return laurel.declared(self.function, "objectives") or []
 

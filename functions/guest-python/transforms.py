@@ -5,19 +5,10 @@ from componentize_py_types import Err, Ok
 from wit_world.exports.transforms import Envelope
 
 import laurel
+from laurel_resource import Resource
 
 
-class Transform:
-    def __init__(self, function):
-        self.function = function
-
-    @classmethod
-    def create(cls, config):
-        function, refused = laurel.create(config)
-        if refused is not None:
-            raise Err(refused)
-        return cls(function)
-
+class Transform(Resource):
     def apply(self, batch):
         return [self.one(record, None) for record in laurel.records(batch)]
 

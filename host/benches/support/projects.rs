@@ -48,26 +48,8 @@ pub fn run(command: &mut Command, what: &str) -> String {
 pub fn python_tools() -> &'static Path {
     static TOOLS: OnceLock<PathBuf> = OnceLock::new();
     TOOLS.get_or_init(|| {
-        let project = work_dir().join(format!("pin-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&project);
-        run(
-            laurel()
-                .args([
-                    "functions",
-                    "new",
-                    "Pin",
-                    "--kind",
-                    "rule",
-                    "--lang",
-                    "python",
-                    "--dir",
-                ])
-                .arg(&project),
-            "functions new",
-        );
-        let pin = std::fs::read_to_string(project.join("requirements.txt")).unwrap();
-        let _ = std::fs::remove_dir_all(&project);
-        let pin = pin.trim();
+        // The requirements.txt `laurel functions new` writes.
+        let pin = include_str!("../../scaffold/python/requirements.txt").trim();
         let venv = work_dir().join("python-tools");
         let version = pin.trim_start_matches("componentize-py==");
         let installed = Command::new(venv.join("bin/componentize-py"))

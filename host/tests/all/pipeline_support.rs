@@ -128,9 +128,7 @@ impl Pipeline {
             laurel::cli::ingest_and_backfill(
                 ingest_settings,
                 &url,
-                Registry::start(&url, support::runtime_cached(ingest_cache))
-                    .await
-                    .unwrap(),
+                own_registry(&url, ingest_cache).await,
                 catalog,
                 async {
                     let _ = stopped.await;
@@ -276,13 +274,7 @@ impl Pipeline {
     /// An awards worker on this pipeline's database, with a registry and a
     /// catalog of its own (as a separate process would have).
     pub async fn awards_worker(&self) -> AwardsWorker {
-        let catalog = Catalog::start(&self.db.url).await.unwrap();
-        let registry = Registry::start(&self.db.url, support::runtime_cached(self.cache.clone()))
-            .await
-            .unwrap();
-        AwardsWorker::new(&self.db.url, registry, catalog, AwardsSettings::default())
-            .await
-            .unwrap()
+        awards_worker_cached(&self.db.url, AwardsSettings::default(), self.cache.clone()).await
     }
 
     pub async fn stop(mut self) {
@@ -297,15 +289,26 @@ impl Pipeline {
 }
 
 pub async fn awards_worker(url: &str, settings: AwardsSettings) -> AwardsWorker {
+    awards_worker_cached(url, settings, None).await
+}
+
+async fn awards_worker_cached(
+    url: &str,
+    settings: AwardsSettings,
+    cache: Option<std::path::PathBuf>,
+) -> AwardsWorker {
     let catalog = Catalog::start(url).await.unwrap();
-    AwardsWorker::new(url, own_registry(url).await, catalog, settings)
+    AwardsWorker::new(url, own_registry(url, cache).await, catalog, settings)
         .await
         .unwrap()
 }
 
-/// Ingest gets a registry of its own, as a separate process would.
-async fn own_registry(url: &str) -> Arc<Registry> {
-    Registry::start(url, support::runtime()).await.unwrap()
+/// Ingest gets a registry of its own, as a separate process would (with
+/// the pipeline's compile cache, if it has one).
+async fn own_registry(url: &str, cache: Option<std::path::PathBuf>) -> Arc<Registry> {
+    Registry::start(url, support::runtime_cached(cache))
+        .await
+        .unwrap()
 }
 
 /// An event of the contract's shape.

@@ -37,6 +37,32 @@ fn errors(validator: &jsonschema::Validator, value: &Value) -> Vec<String> {
         .collect()
 }
 
+/// Each document of `corpus` gets the same verdict from `schema` as from
+/// `laurel` (named `who` in a disagreement, which fails the test): how
+/// many both accept, and both refuse.
+fn agreement(
+    corpus: &[Value],
+    schema: &jsonschema::Validator,
+    who: &str,
+    laurel: impl Fn(&Value) -> Result<(), String>,
+) -> (usize, usize) {
+    let mut disagreements = Vec::new();
+    let (mut accepted, mut refused) = (0, 0);
+    for document in corpus {
+        let verdict = laurel(document);
+        let schema_errors = errors(schema, document);
+        match (&verdict, schema_errors.is_empty()) {
+            (Ok(()), true) => accepted += 1,
+            (Err(_), false) => refused += 1,
+            (verdict, _) => disagreements.push(format!(
+                "{document}\n  {who}: {verdict:?}\n  schema: {schema_errors:?}"
+            )),
+        }
+    }
+    assert!(disagreements.is_empty(), "{}", disagreements.join("\n"));
+    (accepted, refused)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_award_schema_accepts_what_laurel_accepts_and_refuses_what_it_refuses() {
     let db = TestDb::new().await;
@@ -81,24 +107,15 @@ async fn the_award_schema_accepts_what_laurel_accepts_and_refuses_what_it_refuse
         changed(&|v| v["objectives"][0]["id"] = json!("has space")),
         changed(&|v| v["enabled"] = json!("yes")),
     ]);
-    let mut disagreements = Vec::new();
-    let (mut accepted, mut refused) = (0, 0);
-    for definition in &corpus {
-        let laurel_accepts = laurel::definitions::parse(&definition.to_string())
+    let (accepted, refused) = agreement(&corpus, &award, "laurel", |definition| {
+        laurel::definitions::parse(&definition.to_string())
             .map_err(|e| e.to_string())
             .and_then(|parsed| {
-                laurel::definitions::validate(&parsed, &registry).map_err(|e| e.to_string())
-            });
-        let schema_errors = errors(&award, definition);
-        match (&laurel_accepts, schema_errors.is_empty()) {
-            (Ok(_), true) => accepted += 1,
-            (Err(_), false) => refused += 1,
-            (verdict, _) => disagreements.push(format!(
-                "{definition}\n  laurel: {verdict:?}\n  schema: {schema_errors:?}"
-            )),
-        }
-    }
-    assert!(disagreements.is_empty(), "{}", disagreements.join("\n"));
+                laurel::definitions::validate(&parsed, &registry)
+                    .map(drop)
+                    .map_err(|e| e.to_string())
+            })
+    });
     assert!(
         accepted >= 3 && refused >= 10,
         "{accepted} accepted, {refused} refused"
@@ -155,20 +172,11 @@ fn the_event_schema_accepts_what_ingest_accepts_and_refuses_what_it_refuses() {
             }
         }
     }
-    let mut disagreements = Vec::new();
-    let (mut accepted, mut refused) = (0, 0);
-    for value in &corpus {
-        let laurel_accepts = Envelope::parse(value.to_string().as_bytes()).map(drop);
-        let schema_errors = errors(&event, value);
-        match (&laurel_accepts, schema_errors.is_empty()) {
-            (Ok(()), true) => accepted += 1,
-            (Err(_), false) => refused += 1,
-            (verdict, _) => disagreements.push(format!(
-                "{value}\n  ingest: {verdict:?}\n  schema: {schema_errors:?}"
-            )),
-        }
-    }
-    assert!(disagreements.is_empty(), "{}", disagreements.join("\n"));
+    let (accepted, refused) = agreement(&corpus, &event, "ingest", |value| {
+        Envelope::parse(value.to_string().as_bytes())
+            .map(drop)
+            .map_err(|e| e.to_string())
+    });
     assert!(
         accepted >= 20 && refused >= 12,
         "{accepted} accepted, {refused} refused"
@@ -273,24 +281,13 @@ async fn the_pipeline_schema_accepts_what_laurel_accepts_and_refuses_what_it_ref
             v.as_object_mut().unwrap().remove("source");
         }),
     ];
-    let mut disagreements = Vec::new();
-    let (mut accepted, mut refused) = (0, 0);
-    for definition in &corpus {
-        let laurel_accepts = laurel::pipelines::parse(&definition.to_string())
+    let (accepted, refused) = agreement(&corpus, &pipeline, "laurel", |definition| {
+        laurel::pipelines::parse(&definition.to_string())
             .map_err(|e| e.to_string())
             .and_then(|parsed| {
                 laurel::pipelines::validate(&parsed, &registry).map_err(|e| e.to_string())
-            });
-        let schema_errors = errors(&pipeline, definition);
-        match (&laurel_accepts, schema_errors.is_empty()) {
-            (Ok(_), true) => accepted += 1,
-            (Err(_), false) => refused += 1,
-            (verdict, _) => disagreements.push(format!(
-                "{definition}\n  laurel: {verdict:?}\n  schema: {schema_errors:?}"
-            )),
-        }
-    }
-    assert!(disagreements.is_empty(), "{}", disagreements.join("\n"));
+            })
+    });
     assert_eq!((accepted, refused), (3, 12));
 }
 

@@ -14,10 +14,7 @@ use std::sync::Arc;
 /// the CPU for 100 ms would see a healthy call time out (the budget's own
 /// tests set a short one).
 pub fn runtime() -> Runtime {
-    runtime_with(Limits {
-        cpu_budget: Duration::from_secs(10),
-        ..Limits::default()
-    })
+    runtime_cached(None)
 }
 
 /// As [`runtime`], keeping compiled components in `cache` when given.

@@ -452,14 +452,39 @@ pub async fn push_function(
     store: &mut crate::store::Store,
     runtime: &crate::runtime::Runtime,
     name: &str,
-    bytes: &[u8],
-    expected: Option<crate::runtime::FunctionKind>,
+    pushed: Pushed<'_>,
     force: bool,
 ) -> Result<(crate::runtime::FunctionKind, crate::store::PushOutcome), PushError> {
+    let Pushed {
+        bytes,
+        expected,
+        limits,
+    } = pushed;
     if !force {
-        check_uses(store, runtime, name, bytes, expected, "push").await?;
+        check_uses(store, runtime, name, bytes, expected, limits, "push").await?;
     }
-    Ok(crate::registry::push(store, runtime, name, bytes, expected).await?)
+    let stage = crate::registry::Stage::Live;
+    Ok(crate::registry::push_staged(store, runtime, name, bytes, expected, limits, stage).await?)
+}
+
+/// A component as pushed: its bytes, the kind it must be (if given), and
+/// the limits it asks for.
+#[derive(Debug, Clone, Copy)]
+pub struct Pushed<'a> {
+    pub bytes: &'a [u8],
+    pub expected: Option<crate::runtime::FunctionKind>,
+    pub limits: crate::runtime::FunctionLimits,
+}
+
+impl<'a> Pushed<'a> {
+    /// `bytes`, of whatever kind they are, under the server's defaults.
+    pub fn of(bytes: &'a [u8]) -> Pushed<'a> {
+        Pushed {
+            bytes,
+            expected: None,
+            limits: Default::default(),
+        }
+    }
 }
 
 /// Registers `bytes` as a shadow candidate of `name`: a new version that
@@ -468,11 +493,15 @@ pub async fn push_shadow(
     store: &mut crate::store::Store,
     runtime: &crate::runtime::Runtime,
     name: &str,
-    bytes: &[u8],
-    expected: Option<crate::runtime::FunctionKind>,
+    pushed: Pushed<'_>,
 ) -> Result<(crate::runtime::FunctionKind, crate::store::PushOutcome), PushError> {
     let stage = crate::registry::Stage::Shadow;
-    Ok(crate::registry::push_staged(store, runtime, name, bytes, expected, stage).await?)
+    let Pushed {
+        bytes,
+        expected,
+        limits,
+    } = pushed;
+    Ok(crate::registry::push_staged(store, runtime, name, bytes, expected, limits, stage).await?)
 }
 
 /// Makes `version` of `name` the one that serves, first checking (unless
@@ -525,7 +554,16 @@ async fn make_live(
         .ok_or_else(|| PushError::NoVersion(format!("{name} has no version {version}")))?;
     if !force {
         let expected = crate::runtime::FunctionKind::parse(&found.kind);
-        check_uses(store, runtime, name, &found.bytes, expected, action).await?;
+        check_uses(
+            store,
+            runtime,
+            name,
+            &found.bytes,
+            expected,
+            found.limits,
+            action,
+        )
+        .await?;
     }
     store
         .set_live_function(name, version)
@@ -540,6 +578,7 @@ async fn check_uses(
     name: &str,
     bytes: &[u8],
     expected: Option<crate::runtime::FunctionKind>,
+    limits: crate::runtime::FunctionLimits,
     action: &'static str,
 ) -> Result<(), PushError> {
     let awards: Vec<AwardDefinition> = store
@@ -555,7 +594,7 @@ async fn check_uses(
         // does not load as an award's function (an HTTP function, or no
         // component at all) breaks only the awards that use the name; the
         // push itself says what it is.
-        let function = match runtime.load(&name_owned, 0, &bytes_owned, expected) {
+        let function = match runtime.load_with(&name_owned, 0, &bytes_owned, expected, limits) {
             Ok(function) => function,
             Err(_) if !awards.iter().any(|a| a.uses(&name_owned)) => {
                 return Ok(Vec::new());

@@ -138,17 +138,17 @@ pub async fn register(
         if store.function_has_sha(builtin.name, &sha256).await? {
             continue;
         }
-        let kind = runtime.inspect(builtin.name, builtin.bytes, Some(builtin.kind))?;
-        let outcome = store
-            .push_function(
-                builtin.name,
-                kind.as_str(),
-                &sha256,
-                builtin.bytes,
-                true,
-                false,
-            )
-            .await?;
+        let limits = crate::runtime::FunctionLimits::default();
+        let kind = runtime.inspect(builtin.name, builtin.bytes, Some(builtin.kind), limits)?;
+        let pushed = crate::store::Pushing {
+            name: builtin.name,
+            kind: kind.as_str(),
+            sha256: &sha256,
+            bytes: builtin.bytes,
+            limits,
+            builtin: true,
+        };
+        let outcome = store.push_function(pushed, false).await?;
         info!(
             message = "Registered a built-in function.",
             function = builtin.name,

@@ -17,8 +17,8 @@ use tokio::sync::Notify;
 use tracing::{error, info, warn};
 
 use crate::runtime::{
-    FilterInstance, Function, FunctionError, FunctionKind, LoadError, RuleInstance, Runtime,
-    StrategyInstance, TransformInstance,
+    FilterInstance, Function, FunctionError, FunctionKind, FunctionLimits, LoadError, RuleInstance,
+    Runtime, StrategyInstance, TransformInstance,
 };
 use crate::store::{self, FunctionRow, PushOutcome, Store, StoreError};
 
@@ -227,7 +227,13 @@ impl Registry {
         let runtime = self.runtime.clone();
         // Compiling is CPU work: keep it off the async workers.
         let function = tokio::task::spawn_blocking(move || {
-            runtime.load(&version.name, version.version, &version.bytes, expected)
+            runtime.load_with(
+                &version.name,
+                version.version,
+                &version.bytes,
+                expected,
+                version.limits,
+            )
         })
         .await
         .map_err(|e| RegistryError::Unloadable {
@@ -396,7 +402,8 @@ impl Registry {
 
 /// Registers `bytes` as a new version of `name` after checking them: size,
 /// a valid component, exactly one Laurel world, linkable imports, and (if
-/// given) the expected kind.
+/// given) the expected kind, and that it starts within the server's
+/// default limits.
 pub async fn push(
     store: &mut Store,
     runtime: &Runtime,
@@ -404,7 +411,8 @@ pub async fn push(
     bytes: &[u8],
     expected: Option<FunctionKind>,
 ) -> Result<(FunctionKind, PushOutcome), RegistryError> {
-    push_staged(store, runtime, name, bytes, expected, Stage::Live).await
+    let asked = FunctionLimits::default();
+    push_staged(store, runtime, name, bytes, expected, asked, Stage::Live).await
 }
 
 /// Whether a pushed version serves at once.
@@ -416,18 +424,20 @@ pub enum Stage {
     Shadow,
 }
 
-/// [`push`], as a live version or a shadow candidate.
+/// [`push`], as a live version or a shadow candidate, to run under the
+/// limits it asks for (`asked`, in place of the server's defaults).
 pub async fn push_staged(
     store: &mut Store,
     runtime: &Runtime,
     name: &str,
     bytes: &[u8],
     expected: Option<FunctionKind>,
+    asked: FunctionLimits,
     stage: Stage,
 ) -> Result<(FunctionKind, PushOutcome), RegistryError> {
     let kind = match expected {
         Some(FunctionKind::Http) => inspect_http(runtime, name, bytes)?,
-        _ => match runtime.inspect(name, bytes, expected) {
+        _ => match runtime.inspect(name, bytes, expected, asked) {
             Ok(kind) => kind,
             Err(LoadError::Http { .. }) => inspect_http(runtime, name, bytes)?,
             // The awards' engine compiles no WASIp3 component: it may be
@@ -449,17 +459,25 @@ pub async fn push_staged(
             Err(error) => return Err(error.into()),
         },
     };
+    if kind == FunctionKind::Http && !asked.is_default() {
+        return Err(RegistryError::Http {
+            name: name.to_string(),
+            reason: format!(
+                "an HTTP function runs under the server's limits (LAUREL_HTTP_FUNCTION_TIMEOUT_MS per request, \
+                 LAUREL_FUNCTION_MEMORY_MIB), not its own: push it without {asked}"
+            ),
+        });
+    }
     let sha256 = hex::encode(Sha256::digest(bytes));
-    let outcome = store
-        .push_function(
-            name,
-            kind.as_str(),
-            &sha256,
-            bytes,
-            false,
-            stage == Stage::Shadow,
-        )
-        .await?;
+    let pushed = crate::store::Pushing {
+        name,
+        kind: kind.as_str(),
+        sha256: &sha256,
+        bytes,
+        limits: asked,
+        builtin: false,
+    };
+    let outcome = store.push_function(pushed, stage == Stage::Shadow).await?;
     Ok((kind, outcome))
 }
 

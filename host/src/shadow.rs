@@ -129,7 +129,7 @@ pub async fn diff(
     let runtime = registry.runtime().clone();
     let candidate = tokio::task::spawn_blocking(move || {
         let kind = crate::runtime::FunctionKind::parse(&found.kind);
-        runtime.load(&found.name, found.version, &found.bytes, kind)
+        runtime.load_with(&found.name, found.version, &found.bytes, kind, found.limits)
     })
     .await
     .map_err(|e| DiffError::NoCandidate(format!("loading the candidate failed: {e}")))??;

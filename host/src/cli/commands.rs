@@ -98,6 +98,7 @@ fn test_function(
     file: &std::path::Path,
     config: Option<&str>,
     fixtures: &std::path::Path,
+    limits: crate::runtime::FunctionLimits,
     sandbox: &crate::cli::settings::Sandbox,
 ) -> anyhow::Result<()> {
     let config = match config {
@@ -114,7 +115,7 @@ fn test_function(
         .map_or("function".into(), |s| s.to_string_lossy().into_owned());
     let runtime = sandbox.runtime()?;
     let function = runtime
-        .load(&name, 1, &bytes, None)
+        .load_with(&name, 1, &bytes, None, limits)
         .with_context(|| format!("{} cannot be loaded", file.display()))?;
     let results = crate::fixtures::run_all(&function, config.as_deref(), fixtures)
         .map_err(anyhow::Error::msg)?;
@@ -154,20 +155,32 @@ pub(super) async fn functions(
             kind,
             force,
             shadow,
+            limits,
             sandbox,
         } => {
             let bytes = std::fs::read(&file)
                 .with_context(|| format!("failed to read {}", file.display()))?;
             let runtime = sandbox.runtime()?;
             let mut store = store(connections).await?;
-            let (kind, outcome) = if shadow {
-                definitions::push_shadow(&mut store, &runtime, &name, &bytes, kind).await?
+            let pushed = definitions::Pushed {
+                bytes: &bytes,
+                expected: kind,
+                limits: limits.into(),
+            };
+            let asked = pushed.limits;
+            let limits = if asked.is_default() {
+                String::new()
             } else {
-                definitions::push_function(&mut store, &runtime, &name, &bytes, kind, force).await?
+                format!(" with limits {asked}")
+            };
+            let (kind, outcome) = if shadow {
+                definitions::push_shadow(&mut store, &runtime, &name, pushed).await?
+            } else {
+                definitions::push_function(&mut store, &runtime, &name, pushed, force).await?
             };
             match (outcome, shadow) {
                 (PushOutcome::Created { version }, false) => {
-                    println!("pushed {name} v{version} ({kind})");
+                    println!("pushed {name} v{version} ({kind}){limits}");
                     if kind == crate::runtime::FunctionKind::Http {
                         println!(
                             "  it serves spin.toml's component `{name}` in every process that serves that manifest, from their next request"
@@ -175,10 +188,10 @@ pub(super) async fn functions(
                     }
                 }
                 (PushOutcome::Created { version }, true) => println!(
-                    "pushed {name} v{version} ({kind}) as a shadow candidate: it serves nothing until `laurel functions promote {name} {version}`"
+                    "pushed {name} v{version} ({kind}){limits} as a shadow candidate: it serves nothing until `laurel functions promote {name} {version}`"
                 ),
                 (PushOutcome::Unchanged { version }, _) => {
-                    println!("{name} v{version} ({kind}) already has these bytes")
+                    println!("{name} v{version} ({kind}) already has these bytes and limits")
                 }
             }
         }
@@ -283,8 +296,9 @@ pub(super) async fn functions(
             file,
             config,
             fixtures,
+            limits,
             sandbox,
-        } => test_function(&file, config.as_deref(), &fixtures, &sandbox)?,
+        } => test_function(&file, config.as_deref(), &fixtures, limits.into(), &sandbox)?,
         FunctionsCommand::List { all } => {
             let store = store(connections).await?;
             let rows = if all {
@@ -303,6 +317,9 @@ pub(super) async fn functions(
                 }
                 if row.builtin {
                     notes.push("built-in".to_string());
+                }
+                if !row.limits.is_default() {
+                    notes.push(format!("limits: {}", row.limits));
                 }
                 if let Some(reason) = &row.quarantine_reason {
                     notes.push(format!("QUARANTINED: {reason}"));

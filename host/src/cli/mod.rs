@@ -127,6 +127,8 @@ enum FunctionsCommand {
         #[arg(long, conflicts_with = "force")]
         shadow: bool,
         #[command(flatten)]
+        limits: AskedLimits,
+        #[command(flatten)]
         sandbox: Sandbox,
     },
     /// Make VERSION of NAME the one that serves (a shadow candidate, or an
@@ -226,6 +228,8 @@ enum FunctionsCommand {
         #[arg(long, value_name = "DIR", default_value = "fixtures")]
         fixtures: PathBuf,
         #[command(flatten)]
+        limits: AskedLimits,
+        #[command(flatten)]
         sandbox: Sandbox,
     },
     /// List functions: name, kind, live version, sha256.
@@ -234,6 +238,29 @@ enum FunctionsCommand {
         #[arg(long)]
         all: bool,
     },
+}
+
+/// The limits one function version runs under, in place of the server's
+/// defaults (`--function-cpu-ms`, `--function-memory-mib`), up to its
+/// ceilings (`--function-max-cpu-ms`, `--function-max-memory-mib`).
+#[derive(Debug, Clone, Copy, clap::Args)]
+#[command(next_help_heading = "This function's limits")]
+struct AskedLimits {
+    /// CPU time one call (one batch of events) may take, in milliseconds.
+    #[arg(long = "cpu-ms", value_name = "MS", value_parser = clap::value_parser!(u32).range(1..=i32::MAX as i64))]
+    cpu_ms: Option<u32>,
+    /// Memory one instance may grow to, in MiB.
+    #[arg(long = "memory-mib", value_name = "MIB", value_parser = clap::value_parser!(u32).range(1..=i32::MAX as i64))]
+    memory_mib: Option<u32>,
+}
+
+impl From<AskedLimits> for crate::runtime::FunctionLimits {
+    fn from(asked: AskedLimits) -> Self {
+        crate::runtime::FunctionLimits {
+            cpu_ms: asked.cpu_ms,
+            memory_mib: asked.memory_mib,
+        }
+    }
 }
 
 #[derive(Debug, Subcommand)]

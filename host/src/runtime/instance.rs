@@ -148,6 +148,77 @@ struct Slot<W> {
     live: Option<Live<W>>,
 }
 
+/// A new instance of `function` in a store of its own, within its limits
+/// and its share of the pool, its resource not yet created.
+fn start<W: World>(
+    function: &Arc<Function>,
+    budget_ticks: u64,
+) -> Result<(Store<GuestState>, W, InstanceShare), FunctionError> {
+    let inner = &function.runtime;
+    let share = function.take_instance()?;
+    let mut store = Store::new(
+        &inner.engine,
+        GuestState::new(function.limits.memory_bytes, &function.sha256),
+    );
+    store.limiter(|state| &mut state.limiter);
+    // What the host copies out of one answer (every string and list
+    // element, as it is lifted) is bounded by the function's memory:
+    // an answer whose strings all point at the same bytes is refused
+    // while it is read, not after (`classify`).
+    store.set_hostcall_fuel(function.limits.memory_bytes);
+    // Instantiating and creating from config get at least a second:
+    // the deadline counts wall time (epochs), and on a loaded machine
+    // setting up an instance can take longer than one call's budget
+    // (seen: strategies failing "could not be instantiated: interrupt"
+    // for every user of a cycle). It happens once per instance; a
+    // creation that loops still ends.
+    let setup_ticks = (INSTANTIATE_AT_LEAST.as_micros() / TICK.as_micros()) as u64 + 1;
+    store.set_epoch_deadline(budget_ticks.max(setup_ticks));
+    let _running = inner.ticker.running();
+    let (pre, store_ref) = (&function.pre, &mut store);
+    let world = outside_async(move || W::instantiate(pre, store_ref)).map_err(|error| {
+        match error
+            .chain()
+            .find_map(|e| e.downcast_ref::<MemoryLimitExceeded>())
+        {
+            // Its initial memories are over its limit.
+            Some(memory) => FunctionError::Memory {
+                name: function.name.clone(),
+                version: function.version,
+                reason: memory.to_string(),
+            },
+            None => FunctionError::Instantiate {
+                name: function.name.clone(),
+                version: function.version,
+                reason: format!("{error:#}"),
+            },
+        }
+    })?;
+    Ok((store, world, share))
+}
+
+impl Function {
+    /// Instantiates this version once, as a call would, and drops the
+    /// instance: whether it starts within its limits (a push checks).
+    pub fn start(self: &Arc<Self>) -> Result<(), FunctionError> {
+        let ticks = deadline_ticks(self.limits.cpu_budget);
+        match self.kind {
+            super::FunctionKind::Filter => start::<FilterWorld>(self, ticks).map(drop),
+            super::FunctionKind::Rule => start::<bindings::rule::Rule>(self, ticks).map(drop),
+            super::FunctionKind::Strategy => {
+                start::<bindings::strategy::Strategy>(self, ticks).map(drop)
+            }
+            super::FunctionKind::Transform => start::<TransformWorld>(self, ticks).map(drop),
+            super::FunctionKind::Http => Ok(()),
+        }
+    }
+}
+
+/// Ticks of one call's CPU budget (wall time, counted in epochs).
+fn deadline_ticks(budget: std::time::Duration) -> u64 {
+    (budget.as_micros() / TICK.as_micros()).max(1) as u64 + 1
+}
+
 impl<W: World> Slot<W> {
     fn new(function: Arc<Function>, config: &str) -> Result<Slot<W>, FunctionError> {
         let mut slot = Slot {
@@ -159,10 +230,8 @@ impl<W: World> Slot<W> {
         Ok(slot)
     }
 
-    /// Ticks of one call's CPU budget (wall time, counted in epochs).
     fn deadline_ticks(&self) -> u64 {
-        let budget = self.function.runtime.limits.cpu_budget;
-        (budget.as_micros() / TICK.as_micros()).max(1) as u64 + 1
+        deadline_ticks(self.function.limits.cpu_budget)
     }
 
     fn ensure_live(&mut self) -> Result<&mut Live<W>, FunctionError> {
@@ -178,36 +247,7 @@ impl<W: World> Slot<W> {
 
     fn instantiate(&self) -> Result<Live<W>, FunctionError> {
         let function = &self.function;
-        let inner = &function.runtime;
-        let share = function.take_instance()?;
-        let mut store = Store::new(
-            &inner.engine,
-            GuestState::new(inner.limits.memory_bytes, &function.sha256),
-        );
-        store.limiter(|state| &mut state.limiter);
-        // What the host copies out of one answer (every string and list
-        // element, as it is lifted) is bounded by the function's memory:
-        // an answer whose strings all point at the same bytes is refused
-        // while it is read, not after (`classify`).
-        store.set_hostcall_fuel(inner.limits.memory_bytes);
-        // Instantiating and creating from config get at least a second:
-        // the deadline counts wall time (epochs), and on a loaded machine
-        // setting up an instance can take longer than one call's budget
-        // (seen: strategies failing "could not be instantiated: interrupt"
-        // for every user of a cycle). It happens once per instance; a
-        // creation that loops still ends.
-        let budget_ticks = self.deadline_ticks();
-        let setup_ticks = (INSTANTIATE_AT_LEAST.as_micros() / TICK.as_micros()) as u64 + 1;
-        store.set_epoch_deadline(budget_ticks.max(setup_ticks));
-        let _running = inner.ticker.running();
-        let (pre, store_ref) = (&function.pre, &mut store);
-        let world = outside_async(move || W::instantiate(pre, store_ref)).map_err(|e| {
-            FunctionError::Instantiate {
-                name: function.name.clone(),
-                version: function.version,
-                reason: format!("{e:#}"),
-            }
-        })?;
+        let (mut store, world, share) = start::<W>(function, self.deadline_ticks())?;
         let (config, store_ref, world_ref) = (self.config.as_str(), &mut store, &world);
         match outside_async(move || world_ref.create(store_ref, config)) {
             Ok(Ok(resource)) => Ok(Live {
@@ -219,7 +259,7 @@ impl<W: World> Slot<W> {
             Ok(Err(reason)) => Err(FunctionError::Config {
                 name: function.name.clone(),
                 version: function.version,
-                reason: truncate(reason, inner.limits.max_text_bytes),
+                reason: truncate(reason, function.runtime.limits.max_text_bytes),
             }),
             Err(error) => {
                 let stderr = store.data().stderr.take();
@@ -384,7 +424,7 @@ fn classify(function: &Function, error: wasmtime::Error, stderr: String) -> Func
         return FunctionError::InvalidOutput {
             name,
             version,
-            reason: answer_too_large(function.runtime.limits.memory_bytes),
+            reason: answer_too_large(function.limits.memory_bytes),
         };
     }
     let trap = error
@@ -395,7 +435,7 @@ fn classify(function: &Function, error: wasmtime::Error, stderr: String) -> Func
         return FunctionError::Timeout {
             name,
             version,
-            budget_ms: function.runtime.limits.cpu_budget.as_millis(),
+            budget_ms: function.limits.cpu_budget.as_millis(),
         };
     }
     let mut reason = match trap {
@@ -420,7 +460,8 @@ const HOSTCALL_FUEL_EXHAUSTED: &str = "fuel allocated for hostcalls has been exh
 pub(super) fn answer_too_large(limit: usize) -> String {
     format!(
         "its answer is over {limit} bytes as read by the host (its strings and lists together, \
-         counted as they are read; the limit is the function's memory, LAUREL_FUNCTION_MEMORY_MIB)"
+         counted as they are read; the limit is the function's memory: its push's --memory-mib, \
+         or LAUREL_FUNCTION_MEMORY_MIB)"
     )
 }
 

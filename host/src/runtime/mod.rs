@@ -112,6 +112,30 @@ pub struct Limits {
         value_name = "MIB"
     )]
     pub memory_bytes: usize,
+    /// The most CPU time a function may ask for at its push
+    /// (`--cpu-ms`), in milliseconds (at least `--function-cpu-ms`).
+    #[arg(
+        id = "function_max_cpu_ms",
+        long = "function-max-cpu-ms",
+        env = "LAUREL_FUNCTION_MAX_CPU_MS",
+        default_value = "2000",
+        value_parser = crate::settings::positive_millis,
+        value_name = "MS"
+    )]
+    pub max_cpu_budget: Duration,
+    /// The most memory a function may ask for at its push
+    /// (`--memory-mib`), in MiB (at least `--function-memory-mib`): the
+    /// size of every slot of the instance pool (address space reserved,
+    /// not memory used).
+    #[arg(
+        id = "function_max_memory_mib",
+        long = "function-max-memory-mib",
+        env = "LAUREL_FUNCTION_MAX_MEMORY_MIB",
+        default_value = "512",
+        value_parser = crate::settings::mebibytes,
+        value_name = "MIB"
+    )]
+    pub max_memory_bytes: usize,
     /// Largest component accepted, in MiB (a Python component carries its
     /// interpreter: about 18 MiB).
     #[arg(
@@ -172,6 +196,91 @@ impl Default for Limits {
     }
 }
 
+/// What one function version asks for at its push, in place of the
+/// server's defaults ([`Limits::cpu_budget`], [`Limits::memory_bytes`]);
+/// at most the server's ceilings. A Python or JavaScript function carries
+/// an interpreter: it may need a longer budget for a large batch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FunctionLimits {
+    /// CPU time one call (one batch) may take, in milliseconds.
+    pub cpu_ms: Option<u32>,
+    /// Memory one instance may grow to, in MiB.
+    pub memory_mib: Option<u32>,
+}
+
+impl FunctionLimits {
+    pub fn is_default(&self) -> bool {
+        *self == FunctionLimits::default()
+    }
+}
+
+impl fmt::Display for FunctionLimits {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut parts = Vec::new();
+        if let Some(ms) = self.cpu_ms {
+            parts.push(format!("CPU {ms} ms"));
+        }
+        if let Some(mib) = self.memory_mib {
+            parts.push(format!("memory {mib} MiB"));
+        }
+        if parts.is_empty() {
+            f.write_str("the server's defaults")
+        } else {
+            f.write_str(&parts.join(", "))
+        }
+    }
+}
+
+/// The limits one loaded function version runs under.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Effective {
+    pub cpu_budget: Duration,
+    pub memory_bytes: usize,
+}
+
+impl Limits {
+    /// What `asked` comes to on this server: its own values where it has
+    /// them, the defaults elsewhere; refused over a ceiling.
+    pub fn effective(&self, name: &str, asked: FunctionLimits) -> Result<Effective, LoadError> {
+        let over = |what: String| LoadError::OverLimit {
+            name: name.to_string(),
+            reason: what,
+        };
+        let cpu_budget = match asked.cpu_ms {
+            None => self.cpu_budget,
+            Some(0) => return Err(over("it asks for a CPU budget of 0 ms".into())),
+            Some(ms) => {
+                let asked = Duration::from_millis(ms.into());
+                if asked > self.max_cpu_budget {
+                    return Err(over(format!(
+                        "it asks for a CPU budget of {ms} ms, over this server's ceiling of {} ms (LAUREL_FUNCTION_MAX_CPU_MS)",
+                        self.max_cpu_budget.as_millis()
+                    )));
+                }
+                asked
+            }
+        };
+        let memory_bytes = match asked.memory_mib {
+            None => self.memory_bytes,
+            Some(0) => return Err(over("it asks for 0 MiB of memory".into())),
+            Some(mib) => {
+                let asked = (mib as usize).saturating_mul(1 << 20);
+                if asked > self.max_memory_bytes {
+                    return Err(over(format!(
+                        "it asks for {mib} MiB of memory, over this server's ceiling of {} MiB (LAUREL_FUNCTION_MAX_MEMORY_MIB)",
+                        self.max_memory_bytes >> 20
+                    )));
+                }
+                asked
+            }
+        };
+        Ok(Effective {
+            cpu_budget,
+            memory_bytes,
+        })
+    }
+}
+
 /// One instance's place in its function's share of the pool, given back
 /// when the instance is dropped.
 struct InstanceShare(Arc<Function>);
@@ -191,6 +300,10 @@ pub enum LoadError {
         size: usize,
         limit: usize,
     },
+    #[error("component {name} is refused: {reason}")]
+    OverLimit { name: String, reason: String },
+    #[error("component {name} cannot start within its limits: {reason}")]
+    Unstartable { name: String, reason: String },
     #[error("component {name} is not a valid Wasm component: {reason}")]
     Invalid { name: String, reason: String },
     #[error(
@@ -333,7 +446,10 @@ const TICK: Duration = Duration::from_millis(2);
 impl Runtime {
     /// Builds the engine for the synchronous worlds. `cache_dir`: where
     /// compiled artifacts are kept across restarts (`None`: compile always).
-    pub fn new(limits: Limits, cache_dir: Option<PathBuf>) -> anyhow::Result<Runtime> {
+    pub fn new(mut limits: Limits, cache_dir: Option<PathBuf>) -> anyhow::Result<Runtime> {
+        // A ceiling is at least the default under it.
+        limits.max_cpu_budget = limits.max_cpu_budget.max(limits.cpu_budget);
+        limits.max_memory_bytes = limits.max_memory_bytes.max(limits.memory_bytes);
         let mut config = Config::new();
         // The filter/rule/strategy worlds are synchronous: without
         // concurrency support each call is cheaper (pitfalls: ~25%).
@@ -354,7 +470,8 @@ impl Runtime {
             .max_memories_per_component(MAX_MEMORIES_PER_COMPONENT)
             .max_tables_per_component(MAX_TABLES_PER_COMPONENT)
             .max_core_instances_per_component(MAX_CORE_INSTANCES_PER_COMPONENT)
-            .max_memory_size(limits.memory_bytes)
+            // Every slot fits the largest memory a function may ask for.
+            .max_memory_size(limits.max_memory_bytes)
             .max_unused_warm_slots(limits.instances.min(100));
         config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         let engine = Engine::new(&config)
@@ -400,21 +517,25 @@ impl Runtime {
     }
 
     /// The kind of a component, checking it on the way: size, validity,
-    /// exactly one Laurel world, and that its imports can be satisfied.
+    /// exactly one Laurel world, that its imports can be satisfied, and
+    /// that it starts (instantiates) within the limits it asks for.
     /// `expected`: the kind it must be, if known.
     pub fn inspect(
         &self,
         name: &str,
         bytes: &[u8],
         expected: Option<FunctionKind>,
+        asked: FunctionLimits,
     ) -> Result<FunctionKind, LoadError> {
-        Ok(self.load(name, 0, bytes, expected)?.kind)
+        let function = self.load_with(name, 0, bytes, expected, asked)?;
+        function.start().map_err(|error| LoadError::Unstartable {
+            name: name.to_string(),
+            reason: error.to_string(),
+        })?;
+        Ok(function.kind)
     }
 
-    /// Loads (compiles, or takes from the cache) a component version.
-    /// `expected`: the kind it is registered as, if known. The compiled
-    /// artifact is found by the sha256 of `bytes`, computed here: two
-    /// different components never share one.
+    /// [`Runtime::load_with`] the server's default limits.
     pub fn load(
         &self,
         name: &str,
@@ -422,6 +543,23 @@ impl Runtime {
         bytes: &[u8],
         expected: Option<FunctionKind>,
     ) -> Result<Arc<Function>, LoadError> {
+        self.load_with(name, version, bytes, expected, FunctionLimits::default())
+    }
+
+    /// Loads (compiles, or takes from the cache) a component version, to
+    /// run under the limits it asks for. `expected`: the kind it is
+    /// registered as, if known. The compiled artifact is found by the
+    /// sha256 of `bytes`, computed here: two different components never
+    /// share one.
+    pub fn load_with(
+        &self,
+        name: &str,
+        version: i32,
+        bytes: &[u8],
+        expected: Option<FunctionKind>,
+        asked: FunctionLimits,
+    ) -> Result<Arc<Function>, LoadError> {
+        let limits = self.inner.limits.effective(name, asked)?;
         let limit = self.inner.limits.component_bytes;
         if bytes.len() > limit {
             return Err(LoadError::TooLarge {
@@ -497,6 +635,8 @@ impl Runtime {
             version,
             sha256: sha256.to_string(),
             kind,
+            asked,
+            limits,
             pre,
             failures: AtomicU32::new(0),
             quarantine: OnceLock::new(),
@@ -577,6 +717,9 @@ pub struct Function {
     pub version: i32,
     pub sha256: String,
     pub kind: FunctionKind,
+    /// The limits its push asked for, and what they come to here.
+    pub asked: FunctionLimits,
+    pub limits: Effective,
     pre: Pre,
     failures: AtomicU32,
     quarantine: OnceLock<String>,

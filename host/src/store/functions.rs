@@ -3,6 +3,7 @@
 use chrono::{DateTime, Utc};
 
 use super::{FUNCTIONS_CHANNEL, QueryContext, Store, StoreError};
+use crate::runtime::FunctionLimits;
 
 /// One registered version, without its bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -17,6 +18,8 @@ pub struct FunctionRow {
     pub quarantine_reason: Option<String>,
     /// Whether this version serves (the one the registry loads).
     pub live: bool,
+    /// What its push asked for.
+    pub limits: FunctionLimits,
 }
 
 /// One registered version with its component bytes.
@@ -27,13 +30,28 @@ pub struct FunctionVersion {
     pub kind: String,
     pub sha256: String,
     pub bytes: Vec<u8>,
+    pub limits: FunctionLimits,
+}
+
+/// A version to register.
+#[derive(Debug, Clone, Copy)]
+pub struct Pushing<'a> {
+    pub name: &'a str,
+    pub kind: &'a str,
+    pub sha256: &'a str,
+    pub bytes: &'a [u8],
+    /// What it asks for in place of the server's defaults.
+    pub limits: FunctionLimits,
+    /// One of the binary's own (the built-in library).
+    pub builtin: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PushOutcome {
     /// A new version was registered.
     Created { version: i32 },
-    /// These bytes are already the live (or the newest) version.
+    /// These bytes, with these limits, are already the live (or the
+    /// newest) version.
     Unchanged { version: i32 },
 }
 
@@ -45,7 +63,7 @@ pub struct LiveChange {
     pub to: i32,
 }
 
-const ROW_COLUMNS: &str = "f.name, f.version, f.kind, f.sha256, octet_length(f.bytes)::bigint, f.builtin, f.created_at, f.quarantine_reason, l.version IS NOT DISTINCT FROM f.version";
+const ROW_COLUMNS: &str = "f.name, f.version, f.kind, f.sha256, octet_length(f.bytes)::bigint, f.builtin, f.created_at, f.quarantine_reason, l.version IS NOT DISTINCT FROM f.version, f.cpu_ms, f.memory_mib";
 
 /// `functions f` with each name's live version `l`.
 const WITH_LIVE: &str = "functions f LEFT JOIN function_live l ON l.name = f.name";
@@ -61,24 +79,45 @@ fn row(r: &tokio_postgres::Row) -> FunctionRow {
         created_at: r.get(6),
         quarantine_reason: r.get(7),
         live: r.get(8),
+        limits: stored_limits(r.get(9), r.get(10)),
     }
 }
 
+fn stored_limits(cpu_ms: Option<i32>, memory_mib: Option<i32>) -> FunctionLimits {
+    FunctionLimits {
+        cpu_ms: cpu_ms.and_then(|v| u32::try_from(v).ok()),
+        memory_mib: memory_mib.and_then(|v| u32::try_from(v).ok()),
+    }
+}
+
+/// As stored: NULL for the default. (Asked limits are at most the
+/// server's ceilings, far below `i32::MAX`: `Limits::effective`.)
+fn columns(limits: FunctionLimits) -> (Option<i32>, Option<i32>) {
+    let column = |value: Option<u32>| value.map(|v| i32::try_from(v).unwrap_or(i32::MAX));
+    (column(limits.cpu_ms), column(limits.memory_mib))
+}
+
 impl Store {
-    /// Registers `bytes` as the next version of `name` and makes it live,
-    /// unless they already are its live or newest version; announces a new
+    /// Registers `bytes`, to run under `limits`, as the next version of
+    /// `name` and makes it live, unless they already are its live or
+    /// newest version (bytes and limits alike); announces a new
     /// version on [`FUNCTIONS_CHANNEL`] when the transaction commits. With
     /// `shadow`, the new version is a candidate: it serves nothing until
     /// [`Store::set_live_function`] promotes it.
     pub async fn push_function(
         &mut self,
-        name: &str,
-        kind: &str,
-        sha256: &str,
-        bytes: &[u8],
-        builtin: bool,
+        pushed: Pushing<'_>,
         shadow: bool,
     ) -> Result<PushOutcome, StoreError> {
+        let Pushing {
+            name,
+            kind,
+            sha256,
+            bytes,
+            limits,
+            builtin,
+        } = pushed;
+        let (cpu_ms, memory_mib) = columns(limits);
         let tx = self
             .client_mut()
             .transaction()
@@ -88,34 +127,41 @@ impl Store {
         lock_name(&tx, name).await?;
         let newest = tx
             .query_opt(
-                "SELECT version, sha256 FROM functions WHERE name = $1 ORDER BY version DESC LIMIT 1",
+                "SELECT version, sha256, cpu_ms, memory_mib FROM functions WHERE name = $1 ORDER BY version DESC LIMIT 1",
                 &[&name],
             )
             .await
             .context("reading a function's newest version")?
-            .map(|r| (r.get::<_, i32>(0), r.get::<_, String>(1)));
+            .map(|r| (r.get::<_, i32>(0), r.get::<_, String>(1), stored_limits(r.get(2), r.get(3))));
         let live = tx
             .query_opt(
-                "SELECT f.version, f.sha256 FROM function_live l
+                "SELECT f.version, f.sha256, f.cpu_ms, f.memory_mib FROM function_live l
                  JOIN functions f ON f.name = l.name AND f.version = l.version WHERE l.name = $1",
                 &[&name],
             )
             .await
             .context("reading a function's live version")?
-            .map(|r| (r.get::<_, i32>(0), r.get::<_, String>(1)));
+            .map(|r| {
+                (
+                    r.get::<_, i32>(0),
+                    r.get::<_, String>(1),
+                    stored_limits(r.get(2), r.get(3)),
+                )
+            });
         // A push of the live bytes, or a shadow push of the newest bytes,
         // changes nothing.
         let same = [live.as_ref(), newest.as_ref().filter(|_| shadow)]
             .into_iter()
             .flatten()
-            .find(|(_, sha)| sha == sha256);
-        if let Some((version, _)) = same {
+            .find(|(_, sha, asked)| sha == sha256 && *asked == limits);
+        if let Some((version, _, _)) = same {
             return Ok(PushOutcome::Unchanged { version: *version });
         }
-        let version = newest.map_or(1, |(version, _)| version + 1);
+        let version = newest.map_or(1, |(version, _, _)| version + 1);
         tx.execute(
-            "INSERT INTO functions (name, version, kind, sha256, bytes, builtin) VALUES ($1, $2, $3, $4, $5, $6)",
-            &[&name, &version, &kind, &sha256, &bytes, &builtin],
+            "INSERT INTO functions (name, version, kind, sha256, bytes, builtin, cpu_ms, memory_mib)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+            &[&name, &version, &kind, &sha256, &bytes, &builtin, &cpu_ms, &memory_mib],
         )
         .await
         .context("inserting a function version")?;
@@ -174,7 +220,7 @@ impl Store {
         let row = self
             .client()
             .query_opt(
-                "SELECT name, version, kind, sha256, bytes FROM functions WHERE name = $1 AND version = $2",
+                "SELECT name, version, kind, sha256, bytes, cpu_ms, memory_mib FROM functions WHERE name = $1 AND version = $2",
                 &[&name, &version],
             )
             .await
@@ -185,6 +231,7 @@ impl Store {
             kind: r.get(2),
             sha256: r.get(3),
             bytes: r.get(4),
+            limits: stored_limits(r.get(5), r.get(6)),
         }))
     }
 

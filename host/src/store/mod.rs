@@ -30,7 +30,7 @@ pub use counters::{
     PLACE_HEADER, Replaying, place_header,
 };
 pub use dead_letters::{DeadLetterRow, HeldObjective, LetterFilter, StoredLetter};
-pub use functions::{FunctionRow, FunctionVersion, LiveChange, PushOutcome};
+pub use functions::{FunctionRow, FunctionVersion, LiveChange, PushOutcome, Pushing};
 pub use history::{EventsStep, HistoryBackfill, HistoryStep, Lease, StoredItem};
 pub use migrations::MIGRATIONS;
 pub use notifications::{Delivery, NotificationRow, Webhook};

@@ -430,6 +430,50 @@ async fn shadow_promote_rollback_and_get_from_the_command_line() {
     assert!(ok);
     assert_eq!(stdout, "Gate v1 serves now (it was v2)");
 
+    // Its own limits: the same bytes with them are a new version, listed
+    // with them; a limit that cannot be is refused before anything runs.
+    let (ok, stdout, stderr) = run(&[
+        "functions",
+        "push",
+        "Gate",
+        accept.to_str().unwrap(),
+        "--cpu-ms",
+        "250",
+    ]);
+    assert!(ok, "{stderr}");
+    assert_eq!(stdout, "pushed Gate v3 (filter) with limits CPU 250 ms");
+    let (_, list, _) = run(&["functions", "list"]);
+    let gate = list.lines().find(|l| l.starts_with("Gate ")).unwrap();
+    assert!(gate.ends_with("limits: CPU 250 ms"), "{list}");
+    let (ok, _, stderr) = run(&[
+        "functions",
+        "push",
+        "Gate",
+        accept.to_str().unwrap(),
+        "--memory-mib",
+        "0",
+    ]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("invalid value '0' for '--memory-mib <MIB>'"),
+        "{stderr}"
+    );
+    let (ok, _, stderr) = run(&[
+        "functions",
+        "push",
+        "Gate",
+        accept.to_str().unwrap(),
+        "--memory-mib",
+        "100000",
+    ]);
+    assert!(!ok);
+    assert!(
+        stderr.contains(
+            "component Gate is refused: it asks for 100000 MiB of memory, over this server's ceiling of 512 MiB"
+        ),
+        "{stderr}"
+    );
+
     // Any version comes back as it was pushed; the live one by default.
     let file = work.join("gate.wasm");
     let (ok, stdout, _) = run(&[

@@ -205,8 +205,7 @@ async fn a_push_that_would_break_an_award_is_refused_unless_forced() {
         &mut store,
         &runtime,
         "SourceFilter",
-        event_type,
-        None,
+        definitions::Pushed::of(event_type),
         false,
     )
     .await
@@ -221,11 +220,16 @@ async fn a_push_that_would_break_an_award_is_refused_unless_forced() {
     );
     // A rule under a filter's name is refused for its kind.
     let rule = library::builtin("CountRule").unwrap().bytes;
-    let message =
-        definitions::push_function(&mut store, &runtime, "SourceFilter", rule, None, false)
-            .await
-            .unwrap_err()
-            .to_string();
+    let message = definitions::push_function(
+        &mut store,
+        &runtime,
+        "SourceFilter",
+        definitions::Pushed::of(rule),
+        false,
+    )
+    .await
+    .unwrap_err()
+    .to_string();
     assert!(
         message.contains("it is used as a filter, and the new version is a rule"),
         "{message}"
@@ -241,17 +245,27 @@ async fn a_push_that_would_break_an_award_is_refused_unless_forced() {
         .get(0);
     assert_eq!(versions, 1, "nothing was pushed");
     // Forced, it goes in.
-    let (_, outcome) =
-        definitions::push_function(&mut store, &runtime, "SourceFilter", event_type, None, true)
-            .await
-            .unwrap();
+    let (_, outcome) = definitions::push_function(
+        &mut store,
+        &runtime,
+        "SourceFilter",
+        definitions::Pushed::of(event_type),
+        true,
+    )
+    .await
+    .unwrap();
     assert_eq!(outcome, laurel::store::PushOutcome::Created { version: 2 });
     // A compatible new version needs no force.
     let accept = crate::support::guest_bytes("accept_all_filter");
-    let (_, outcome) =
-        definitions::push_function(&mut store, &runtime, "SourceFilter", &accept, None, false)
-            .await
-            .unwrap();
+    let (_, outcome) = definitions::push_function(
+        &mut store,
+        &runtime,
+        "SourceFilter",
+        definitions::Pushed::of(&accept),
+        false,
+    )
+    .await
+    .unwrap();
     assert_eq!(outcome, laurel::store::PushOutcome::Created { version: 3 });
     db.drop_database().await;
 }

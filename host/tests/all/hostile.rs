@@ -160,7 +160,7 @@ fn an_answer_is_bounded_as_it_is_read_not_after() {
         error.to_string(),
         "function Hostile v1 returned an invalid result: its answer is over 33554432 bytes as read by \
          the host (its strings and lists together, counted as they are read; the limit is the \
-         function's memory, LAUREL_FUNCTION_MEMORY_MIB)"
+         function's memory: its push's --memory-mib, or LAUREL_FUNCTION_MEMORY_MIB)"
     );
     assert_still_serving(&runtime, &mut rule);
 }

@@ -823,6 +823,22 @@ async fn an_http_function_pushed_under_its_component_id_serves_without_a_restart
     );
     let (ok, _, stderr) = laurel_cli(
         &db.url,
+        &[
+            "functions",
+            "push",
+            "swap",
+            &file("http_noop.wasm"),
+            "--memory-mib",
+            "8",
+        ],
+    );
+    assert!(!ok);
+    assert!(
+        stderr.contains("an HTTP function runs under the server's limits"),
+        "{stderr}"
+    );
+    let (ok, _, stderr) = laurel_cli(
+        &db.url,
         &["functions", "push", "swap", &file("http_forbidden.wasm")],
     );
     assert!(!ok);

@@ -75,14 +75,49 @@ async fn every_kind_in_python_and_javascript_is_made_built_passes_its_fixture_an
             // What a team gives up in size, per language.
             println!("{lang} {kind}: {} bytes", bytes.len());
             let name = name_of(lang, kind);
-            let response = http
-                .put(format!("{api}/admin/v1/functions/{name}"))
-                .bearer_auth(ADMIN)
-                .header("content-type", "application/wasm")
-                .body(bytes)
-                .send()
-                .await
-                .unwrap();
+            let push = |query: &'static str| {
+                http.put(format!("{api}/admin/v1/functions/{name}{query}"))
+                    .bearer_auth(ADMIN)
+                    .header("content-type", "application/wasm")
+                    .body(bytes.clone())
+                    .send()
+            };
+            if (lang, kind) == ("python", "filter") {
+                // The limits a push asks for are checked: a bad value, and
+                // too little memory for the interpreter to start.
+                for (query, status, says) in [
+                    (
+                        "?cpu_ms=fast",
+                        400,
+                        "query parameter cpu_ms must be a positive whole number, not \"fast\"",
+                    ),
+                    (
+                        "?memory_mib=0",
+                        400,
+                        "query parameter memory_mib must be a positive whole number, not \"0\"",
+                    ),
+                    (
+                        "?memory_mib=4",
+                        422,
+                        "cannot start within its limits: function MinRatingPy v0 exceeded its memory limit: tried to grow its memories to",
+                    ),
+                    (
+                        "?cpu_ms=100000",
+                        422,
+                        "it asks for a CPU budget of 100000 ms, over this server's ceiling of 2000 ms (LAUREL_FUNCTION_MAX_CPU_MS)",
+                    ),
+                ] {
+                    let response = push(query).await.unwrap();
+                    assert_eq!(response.status().as_u16(), status, "{query}");
+                    let body: serde_json::Value =
+                        serde_json::from_str(&response.text().await.unwrap()).unwrap();
+                    let error = body["error"].as_str().unwrap_or_default();
+                    assert!(error.contains(says), "{query}: {body}");
+                }
+            }
+            // Pushed as the docs say for an interpreted language: a CPU
+            // budget for a large batch (docs/functions.md, Limits).
+            let response = push("?cpu_ms=1000").await.unwrap();
             let status = response.status().as_u16();
             let pushed: serde_json::Value =
                 serde_json::from_str(&response.text().await.unwrap()).unwrap();
@@ -92,8 +127,37 @@ async fn every_kind_in_python_and_javascript_is_made_built_passes_its_fixture_an
                 (&json!(kind), &json!(1), &json!(true)),
                 "{name}: {pushed}"
             );
+            assert_eq!(
+                pushed["limits"],
+                json!({"cpu_ms": 1000, "memory_mib": 64}),
+                "{name}"
+            );
         }
     }
+    let listed = http
+        .get(format!("{api}/admin/v1/functions"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let listed: serde_json::Value = serde_json::from_str(&listed).unwrap();
+    let line = listed["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["name"] == "MinRatingPy")
+        .unwrap();
+    assert_eq!(
+        (&line["limits"], &line["asked"]),
+        (
+            &json!({"cpu_ms": 1000, "memory_mib": 64}),
+            &json!({"cpu_ms": 1000, "memory_mib": null})
+        ),
+        "{line}"
+    );
     drop(running);
 }
 

@@ -2,6 +2,7 @@
 //! library, pushes with kind checks, hot swap, quarantine records and the
 //! compiled-artifact cache.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use laurel::library;
@@ -453,10 +454,14 @@ async fn a_shadow_version_serves_nothing_until_promoted_and_rollback_returns_wit
     assert_eq!(binding.instance().matches(&events).unwrap(), vec![true]);
 
     // A shadow candidate: registered, listed, serving nothing.
-    let (_, outcome) =
-        laurel::definitions::push_shadow(&mut store, &runtime, "Gate", &reject, None)
-            .await
-            .unwrap();
+    let (_, outcome) = laurel::definitions::push_shadow(
+        &mut store,
+        &runtime,
+        "Gate",
+        laurel::definitions::Pushed::of(&reject),
+    )
+    .await
+    .unwrap();
     assert_eq!(outcome, PushOutcome::Created { version: 2 });
     registry.sync_now(&store).await.unwrap();
     assert_eq!(registry.get("Gate").unwrap().version, 1);
@@ -471,9 +476,14 @@ async fn a_shadow_version_serves_nothing_until_promoted_and_rollback_returns_wit
         .collect();
     assert_eq!(versions, vec![(2, false), (1, true)]);
     // Pushing the candidate's bytes as a shadow again changes nothing.
-    let (_, again) = laurel::definitions::push_shadow(&mut store, &runtime, "Gate", &reject, None)
-        .await
-        .unwrap();
+    let (_, again) = laurel::definitions::push_shadow(
+        &mut store,
+        &runtime,
+        "Gate",
+        laurel::definitions::Pushed::of(&reject),
+    )
+    .await
+    .unwrap();
     assert_eq!(again, PushOutcome::Unchanged { version: 2 });
 
     // Promoted: the next call runs it, in this running registry.
@@ -548,10 +558,14 @@ async fn promoting_a_version_that_breaks_an_award_is_refused_naming_it() {
     )
     .await
     .unwrap();
-    let (_, outcome) =
-        laurel::definitions::push_shadow(&mut store, &runtime, "SourceFilter", rule, None)
-            .await
-            .unwrap();
+    let (_, outcome) = laurel::definitions::push_shadow(
+        &mut store,
+        &runtime,
+        "SourceFilter",
+        laurel::definitions::Pushed::of(rule),
+    )
+    .await
+    .unwrap();
     let PushOutcome::Created { version } = outcome else {
         panic!("{outcome:?}")
     };
@@ -595,4 +609,127 @@ fn the_perf_map_names_a_components_own_functions() {
         "{}",
         text.lines().take(5).collect::<Vec<_>>().join("\n")
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_asked_at_push_are_checked_kept_with_their_version_and_served() {
+    use laurel::definitions::{self, Pushed};
+    use laurel::runtime::{FunctionError, FunctionLimits, RuleInstance};
+
+    let db = TestDb::new().await;
+    let mut store = db.store().await;
+    let runtime = support::runtime_with(Limits {
+        cpu_budget: Duration::from_millis(100),
+        max_cpu_budget: Duration::from_millis(500),
+        memory_bytes: 64 << 20,
+        max_memory_bytes: 128 << 20,
+        quarantine_after: 100,
+        ..Limits::default()
+    });
+    let hostile = support::guest_bytes("hostile_function");
+    let asking = |cpu_ms: Option<u32>, memory_mib: Option<u32>| Pushed {
+        bytes: &hostile,
+        expected: None,
+        limits: FunctionLimits { cpu_ms, memory_mib },
+    };
+
+    // Over a ceiling, or too little memory to start: refused, with why.
+    let refused = [
+        (
+            asking(Some(501), None),
+            "component Mine is refused: it asks for a CPU budget of 501 ms, over this server's \
+             ceiling of 500 ms (LAUREL_FUNCTION_MAX_CPU_MS)",
+        ),
+        (
+            asking(None, Some(129)),
+            "component Mine is refused: it asks for 129 MiB of memory, over this server's \
+             ceiling of 128 MiB (LAUREL_FUNCTION_MAX_MEMORY_MIB)",
+        ),
+        (
+            asking(None, Some(1)),
+            "component Mine cannot start within its limits: function Mine v0 exceeded its \
+             memory limit: tried to grow its memories to",
+        ),
+    ];
+    for (pushed, expected) in refused {
+        let error = definitions::push_function(&mut store, &runtime, "Mine", pushed, false)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(error.starts_with(expected), "{error}\nexpected: {expected}");
+    }
+    let sql = db.sql().await;
+    let count: i64 = sql
+        .query_one("SELECT count(*) FROM functions", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(count, 0, "nothing refused was persisted");
+
+    // Accepted, kept with the version: the same bytes with other limits
+    // are a new version; with the same, nothing new.
+    for (limits, expected) in [
+        (
+            asking(Some(30), Some(16)),
+            PushOutcome::Created { version: 1 },
+        ),
+        (
+            asking(Some(30), Some(16)),
+            PushOutcome::Unchanged { version: 1 },
+        ),
+        (asking(Some(60), None), PushOutcome::Created { version: 2 }),
+    ] {
+        let (_, outcome) = definitions::push_function(&mut store, &runtime, "Mine", limits, false)
+            .await
+            .unwrap();
+        assert_eq!(outcome, expected);
+    }
+    let stored = |version| {
+        let store = &store;
+        async move {
+            store
+                .function_version("Mine", version)
+                .await
+                .unwrap()
+                .unwrap()
+                .limits
+        }
+    };
+    assert_eq!(
+        stored(1).await,
+        FunctionLimits {
+            cpu_ms: Some(30),
+            memory_mib: Some(16)
+        }
+    );
+    assert_eq!(
+        stored(2).await,
+        FunctionLimits {
+            cpu_ms: Some(60),
+            memory_mib: None
+        }
+    );
+
+    // Served under its own limits: a loop ends at its budget, not the
+    // server's; a rollback returns to the previous version's.
+    let registry = Registry::start(&db.url, runtime.clone()).await.unwrap();
+    let ends_at = |registry: &Arc<Registry>| {
+        let function = registry.get("Mine").unwrap();
+        let limits = function.limits;
+        let mut rule = RuleInstance::new(function, "{}").unwrap();
+        let error = rule
+            .contribute(&[event_of_type("e-loop", "loop")])
+            .unwrap_err();
+        match error {
+            FunctionError::Timeout { budget_ms, .. } => (budget_ms, limits.memory_bytes >> 20),
+            other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!(ends_at(&registry), (60, 64));
+    definitions::rollback(&mut store, &runtime, "Mine", false)
+        .await
+        .unwrap();
+    registry.sync_now(&store).await.unwrap();
+    assert_eq!(ends_at(&registry), (30, 16));
+    db.drop_database().await;
 }

@@ -134,9 +134,14 @@ async fn a_shadow_filter_diff_names_exactly_the_users_it_would_change_and_nothin
     // The candidate: the built-in FieldFilter, pushed as Gate's shadow.
     let mut store = p.db.store().await;
     let field_filter = laurel::library::builtin("FieldFilter").unwrap().bytes;
-    laurel::definitions::push_shadow(&mut store, &support::runtime(), "Gate", field_filter, None)
-        .await
-        .unwrap();
+    laurel::definitions::push_shadow(
+        &mut store,
+        &support::runtime(),
+        "Gate",
+        laurel::definitions::Pushed::of(field_filter),
+    )
+    .await
+    .unwrap();
 
     // What the events alone say: counted live all, with the candidate only
     // ratings of 4 or more; the goal is 3.

@@ -15,7 +15,7 @@ use serde::Serialize;
 use super::{AuditTarget, flag, positive, time};
 use crate::api::{ApiError, AppState, body};
 use crate::definitions::{self, PushError};
-use crate::runtime::FunctionKind;
+use crate::runtime::{FunctionKind, FunctionLimits};
 use crate::store::PushOutcome;
 
 pub(super) async fn list(
@@ -32,6 +32,8 @@ pub(super) async fn list(
     let functions = rows
         .into_iter()
         .map(|r| FunctionLine {
+            limits: LimitsLine::of(state.registry.runtime(), r.limits),
+            asked: r.limits.into(),
             name: r.name,
             kind: r.kind,
             version: r.version,
@@ -62,6 +64,64 @@ pub(super) struct FunctionLine {
     created_at: String,
     /// Why the version is quarantined, if it is.
     quarantined: Option<String>,
+    /// What it runs under here (its push's, else this server's defaults).
+    limits: LimitsLine,
+    /// What its push asked for (null: the server's default).
+    asked: AskedLine,
+}
+
+#[derive(Debug, Serialize)]
+pub(super) struct LimitsLine {
+    cpu_ms: u128,
+    memory_mib: usize,
+}
+
+impl LimitsLine {
+    fn of(runtime: &crate::runtime::Runtime, asked: FunctionLimits) -> LimitsLine {
+        let defaults = runtime.limits();
+        LimitsLine {
+            cpu_ms: asked
+                .cpu_ms
+                .map_or(defaults.cpu_budget.as_millis(), u128::from),
+            memory_mib: asked
+                .memory_mib
+                .map_or(defaults.memory_bytes >> 20, |mib| mib as usize),
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub(super) struct AskedLine {
+    cpu_ms: Option<u32>,
+    memory_mib: Option<u32>,
+}
+
+impl From<FunctionLimits> for AskedLine {
+    fn from(asked: FunctionLimits) -> AskedLine {
+        AskedLine {
+            cpu_ms: asked.cpu_ms,
+            memory_mib: asked.memory_mib,
+        }
+    }
+}
+
+/// `?cpu_ms=` and `?memory_mib=` of a push.
+fn asked_limits(query: &HashMap<String, String>) -> Result<FunctionLimits, ApiError> {
+    let limit = |name: &str| -> Result<Option<u32>, ApiError> {
+        positive(query, name)?
+            .map(|n| {
+                u32::try_from(n).map_err(|_| {
+                    ApiError::BadRequest(format!(
+                        "query parameter {name} is {n}, over any limit this server can set"
+                    ))
+                })
+            })
+            .transpose()
+    };
+    Ok(FunctionLimits {
+        cpu_ms: limit("cpu_ms")?,
+        memory_mib: limit("memory_mib")?,
+    })
 }
 
 pub(super) async fn push(
@@ -97,12 +157,18 @@ pub(super) async fn push(
     };
     let force = flag(&query, "force")?;
     let shadow = flag(&query, "shadow")?;
+    let limits = asked_limits(&query)?;
     let mut store = state.store().await?;
     let runtime = state.registry.runtime();
+    let pushed = definitions::Pushed {
+        bytes: &bytes,
+        expected: kind,
+        limits,
+    };
     let pushed = if shadow {
-        definitions::push_shadow(&mut store, runtime, &name, &bytes, kind).await
+        definitions::push_shadow(&mut store, runtime, &name, pushed).await
     } else {
-        definitions::push_function(&mut store, runtime, &name, &bytes, kind, force).await
+        definitions::push_function(&mut store, runtime, &name, pushed, force).await
     };
     let (kind, outcome) = pushed.map_err(|error| push_error(&name, error))?;
     // This process serves the version from now on: an award applied next
@@ -128,6 +194,7 @@ pub(super) async fn push(
         after: Some(version),
     };
     let pushed = Pushed {
+        limits: LimitsLine::of(runtime, limits),
         name,
         kind: kind.to_string(),
         version,
@@ -147,6 +214,8 @@ pub(super) struct Pushed {
     created: bool,
     /// `false`: a shadow candidate, serving nothing until promoted.
     live: bool,
+    /// What it runs under here.
+    limits: LimitsLine,
 }
 
 /// `POST /functions/{name}/promote`: which version to make live.

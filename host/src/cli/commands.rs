@@ -539,28 +539,16 @@ async fn backfill_here(
     settings: crate::backfill::BackfillSettings,
     id: &str,
 ) -> anyhow::Result<crate::store::HistoryBackfill> {
-    use std::io::{IsTerminal, Write};
-    let terminal = std::io::stderr().is_terminal();
+    let progress = super::progress::Progress::new("items and retained messages");
     let show = |b: &crate::store::HistoryBackfill| {
-        let percent = b.percent();
-        if terminal {
-            let filled = (percent / 5.0) as usize;
-            eprint!(
-                "\r[{}{}] {percent:5.1}% {} of {} items, {} of {} retained messages",
-                "#".repeat(filled),
-                " ".repeat(20 - filled.min(20)),
-                b.done,
-                b.total,
-                b.events_done,
-                b.events_total
-            );
-            let _ = std::io::stderr().flush();
-        } else {
-            eprintln!(
-                "{percent:.1}% {} of {} items, {} of {} retained messages",
+        progress.update(
+            (b.done + b.events_done) as u64,
+            (b.total + b.events_total) as u64,
+            format!(
+                "({} of {} items, {} of {} retained messages)",
                 b.done, b.total, b.events_done, b.events_total
-            );
-        }
+            ),
+        );
     };
     let (_stop_tx, stop) = tokio::sync::watch::channel(false);
     let mut backfiller = crate::backfill::Backfiller::new(store, registry, settings);
@@ -596,14 +584,11 @@ async fn backfill_here(
             Ok(None) => anyhow::bail!("the backfill of {id} was removed (the award was deleted)"),
             Err(error) if failures + 1 < TRIES => {
                 failures += 1;
-                if terminal {
-                    eprintln!();
-                }
-                eprintln!(
+                progress.say(&format!(
                     "a step failed ({error:#}); trying again in {} s (try {} of {TRIES}), from where the last step ended",
                     PAUSE.as_secs(),
                     failures + 1
-                );
+                ));
                 tokio::time::sleep(PAUSE).await;
             }
             Err(error) => {
@@ -613,10 +598,15 @@ async fn backfill_here(
             }
         }
     };
-    if terminal {
-        eprintln!();
-    }
+    progress.finish();
     Ok(done)
+}
+
+fn refused_note(refused: usize) -> String {
+    match refused {
+        0 => String::new(),
+        n => format!("({n} refused)"),
+    }
 }
 
 fn print_history_backfill(b: &crate::store::HistoryBackfill) {
@@ -770,12 +760,25 @@ pub(super) async fn proxies(
                     .with_context(|| format!("failed to read {source}"))?
             };
             let store = store().await?;
-            let report = proxy::candidates::import(&store, &pools, &pool, &list, replace).await?;
+            let progress = super::progress::Progress::new("proxies checked");
+            let watch = |c: proxy::candidates::Checking| {
+                progress.update(c.checked as u64, c.total as u64, refused_note(c.refused));
+            };
+            let report =
+                proxy::candidates::import_watched(&store, &pools, &pool, &list, replace, &watch)
+                    .await?;
+            progress.finish();
             print_report(&pool, &report);
         }
         ProxiesCommand::Check { pool } => {
             let store = store().await?;
-            let report = proxy::candidates::check_pool_now(&store, &pools, &pool).await?;
+            let progress = super::progress::Progress::new("proxies checked");
+            let watch = |c: proxy::candidates::Checking| {
+                progress.update(c.checked as u64, c.total as u64, refused_note(c.refused));
+            };
+            let report =
+                proxy::candidates::check_pool_watched(&store, &pools, &pool, &watch).await?;
+            progress.finish();
             print_report(&pool, &report);
         }
         ProxiesCommand::List { pool } => {

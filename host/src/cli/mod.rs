@@ -3,6 +3,7 @@
 //! and `laurel serve` (`roles`).
 
 mod commands;
+mod progress;
 mod roles;
 pub mod settings;
 

@@ -320,14 +320,32 @@ pub struct ImportReport {
 
 /// Checks candidates of one pool concurrently, records each outcome and
 /// admits or removes each in Redis.
+/// How far the checks of an import are, as each ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Checking {
+    pub checked: usize,
+    pub total: usize,
+    pub refused: usize,
+}
+
+/// Follows an import's checks (a command's progress bar).
+pub type Watch<'a> = &'a (dyn Fn(Checking) + Sync);
+
 async fn check_and_apply(
     store: &Store,
     pools: &ProxyPools,
     pool: &ProxyPoolRow,
     candidates: Vec<String>,
     report: &mut ImportReport,
+    watch: Watch<'_>,
 ) -> Result<(), ProxyPoolError> {
     let rules = Eligibility::of(pool);
+    let mut seen = Checking {
+        checked: 0,
+        total: candidates.len(),
+        refused: 0,
+    };
+    watch(seen);
     let checked: Vec<(String, CheckOutcome)> =
         futures_util::stream::iter(candidates.into_iter().map(|candidate| {
             let rules = &rules;
@@ -337,6 +355,11 @@ async fn check_and_apply(
             }
         }))
         .buffer_unordered(16)
+        .inspect(|(_, outcome)| {
+            seen.checked += 1;
+            seen.refused += usize::from(outcome.is_err());
+            watch(seen);
+        })
         .collect()
         .await;
     for (candidate, outcome) in checked {
@@ -379,6 +402,18 @@ pub async fn import(
     list: &str,
     replace: bool,
 ) -> Result<ImportReport, ProxyPoolError> {
+    import_watched(store, pools, pool, list, replace, &|_| {}).await
+}
+
+/// [`import`], telling `watch` how far the checks are.
+pub async fn import_watched(
+    store: &Store,
+    pools: &ProxyPools,
+    pool: &str,
+    list: &str,
+    replace: bool,
+    watch: Watch<'_>,
+) -> Result<ImportReport, ProxyPoolError> {
     let config = configured(store, pool).await?;
     let (candidates, junk) = parse_candidates(list);
     let mut report = ImportReport {
@@ -394,7 +429,7 @@ pub async fn import(
         }
     }
     store.add_proxy_candidates(pool, &candidates).await?;
-    check_and_apply(store, pools, &config, candidates, &mut report).await?;
+    check_and_apply(store, pools, &config, candidates, &mut report, watch).await?;
     Ok(report)
 }
 
@@ -404,6 +439,16 @@ pub async fn check_pool_now(
     pools: &ProxyPools,
     pool: &str,
 ) -> Result<ImportReport, ProxyPoolError> {
+    check_pool_watched(store, pools, pool, &|_| {}).await
+}
+
+/// [`check_pool_now`], telling `watch` how far the checks are.
+pub async fn check_pool_watched(
+    store: &Store,
+    pools: &ProxyPools,
+    pool: &str,
+    watch: Watch<'_>,
+) -> Result<ImportReport, ProxyPoolError> {
     let config = configured(store, pool).await?;
     let candidates = store
         .proxy_candidates(pool)
@@ -412,7 +457,7 @@ pub async fn check_pool_now(
         .map(|c| c.proxy)
         .collect();
     let mut report = ImportReport::default();
-    check_and_apply(store, pools, &config, candidates, &mut report).await?;
+    check_and_apply(store, pools, &config, candidates, &mut report, watch).await?;
     Ok(report)
 }
 
@@ -438,7 +483,7 @@ pub async fn recheck_due(
     }
     for (pool, proxies) in by_pool {
         let mut report = ImportReport::default();
-        check_and_apply(store, pools, &pool, proxies, &mut report).await?;
+        check_and_apply(store, pools, &pool, proxies, &mut report, &|_| {}).await?;
         for (proxy, reason) in &report.refused {
             info!(message = "Proxy is not eligible.", pool = %pool.name, %proxy, %reason);
         }

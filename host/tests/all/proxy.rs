@@ -844,3 +844,50 @@ async fn a_candidate_must_forward_and_internal_addresses_need_the_pool_s_consent
     pools.delete_pool(&strict).await.unwrap();
     db.drop_database().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn import_from_the_command_line_shows_its_checks_progress_and_why_each_was_refused() {
+    let pools = ProxyPools::connect(&redis_url()).await.unwrap();
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let pool = pool_name("cli-import");
+    let check_url = check_server().await;
+    store
+        .set_proxy_pool(&pool_config(&pool, &check_url))
+        .await
+        .unwrap();
+    let live = Tinyproxy::start("tp-cli");
+    let dead = format!("http://127.0.0.1:{}", free_port());
+    let dir = std::env::temp_dir().join(format!("laurel-import-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let list = dir.join("proxies.txt");
+    std::fs::write(&list, format!("{}\n{dead}\n", live.url)).unwrap();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_laurel"))
+        .args(["proxies", "import", &pool, list.to_str().unwrap()])
+        .env("LAUREL_DATABASE_URL", &db.url)
+        .env("LAUREL_REDIS_URL", redis_url())
+        .env("LAUREL_LOG", "warn")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}{stderr}");
+    // Not a terminal: plain lines, the last one with every check done.
+    assert_eq!(
+        stderr.lines().last(),
+        Some("100.0% 2 of 2 proxies checked (1 refused)"),
+        "{stderr}"
+    );
+    assert!(stdout.contains(&live.url), "{stdout}");
+    assert!(
+        stdout.contains(&dead) && stdout.contains("the check request through it failed"),
+        "{stdout}"
+    );
+    assert_eq!(
+        pools.allocate(&pool).await.unwrap().as_deref(),
+        Some(live.url.as_str())
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    pools.delete_pool(&pool).await.unwrap();
+    db.drop_database().await;
+}

@@ -445,3 +445,111 @@ fn write_case(
     std::fs::write(case.join("input.jsonl"), lines(input)).unwrap();
     std::fs::write(case.join("expected.jsonl"), lines(expected)).unwrap();
 }
+
+/// The Python HTTP example's tools (componentize-py and spin-sdk, as its
+/// requirements.txt pins them), in a virtual environment of their own.
+fn python_http_tools() -> std::path::PathBuf {
+    let venv = work_dir().join("python-http-tools");
+    let requirements = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../functions/http-python/greeting/requirements.txt");
+    let pins = std::fs::read_to_string(&requirements).unwrap();
+    let stamp = venv.join("installed.txt");
+    if std::fs::read_to_string(&stamp).ok().as_deref() != Some(pins.as_str()) {
+        let _ = std::fs::remove_dir_all(&venv);
+        crate::projects::run(
+            std::process::Command::new("python3")
+                .args(["-m", "venv"])
+                .arg(&venv),
+            "python3 -m venv",
+        );
+        crate::projects::run(
+            std::process::Command::new(venv.join("bin/pip"))
+                .args(["install", "--quiet", "-r"])
+                .arg(&requirements),
+            "pip install -r requirements.txt",
+        );
+        std::fs::write(&stamp, &pins).unwrap();
+    }
+    venv
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_python_http_function_with_spin_sdk_is_served_from_its_spin_toml() {
+    // The example, copied outside the checkout and built as its README says.
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../functions/http-python/greeting");
+    let dir = work_dir().join(format!("http-python-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("wit")).unwrap();
+    for file in ["app.py", "build.sh", "spin.toml", "wit/world.wit"] {
+        std::fs::copy(example.join(file), dir.join(file)).unwrap();
+    }
+    // Its own application name: the key-value store starts empty.
+    let app = format!("greeting-{}", std::process::id());
+    let manifest = std::fs::read_to_string(dir.join("spin.toml"))
+        .unwrap()
+        .replace("name = \"greeting\"", &format!("name = \"{app}\""));
+    std::fs::write(dir.join("spin.toml"), manifest).unwrap();
+    let venv = tokio::task::spawn_blocking(python_http_tools)
+        .await
+        .unwrap();
+    let (dir_, venv_) = (dir.clone(), venv.clone());
+    tokio::task::spawn_blocking(move || {
+        crate::projects::run(
+            std::process::Command::new(dir_.join("build.sh"))
+                .current_dir(&dir_)
+                .env("VIRTUAL_ENV", &venv_)
+                .env(
+                    "PATH",
+                    format!(
+                        "{}:{}",
+                        venv_.join("bin").display(),
+                        std::env::var("PATH").unwrap_or_default()
+                    ),
+                ),
+            "greeting: ./build.sh",
+        )
+    })
+    .await
+    .unwrap();
+    let size = std::fs::metadata(dir.join("greeting.wasm")).unwrap().len();
+    println!("python http greeting: {size} bytes");
+
+    let db = crate::support::TestDb::new().await;
+    let mut running = std::process::Command::new(env!("CARGO_BIN_EXE_laurel"))
+        .args(["serve", "--roles", "api"])
+        .env("LAUREL_DATABASE_URL", &db.url)
+        .env("LAUREL_HTTP_ADDR", "127.0.0.1:0")
+        .env("LAUREL_SPIN_MANIFEST", dir.join("spin.toml"))
+        .env("LAUREL_LOG", "warn")
+        .env_remove("LAUREL_KAFKA_BROKERS")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .map(crate::support::KillOnDrop)
+        .unwrap();
+    let api = running.printed_api_url();
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let http = reqwest::Client::new();
+    for (body, expected) in [
+        ("Ada", "Hello from Python, Ada: visit 1\n"),
+        ("", "Hello from Python, you: visit 2\n"),
+    ] {
+        let response = http
+            .post(format!("{api}/greeting"))
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 200);
+        assert_eq!(
+            response.headers()["content-type"],
+            "text/plain; charset=utf-8"
+        );
+        assert_eq!(response.text().await.unwrap(), expected);
+    }
+    let refused = http.delete(format!("{api}/greeting")).send().await.unwrap();
+    assert_eq!(refused.status().as_u16(), 405);
+    drop(running);
+    db.drop_database().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

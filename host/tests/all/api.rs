@@ -830,7 +830,8 @@ async fn admin_api_uploads_and_lists_functions() {
     assert_eq!(created.status, 201, "{}", created.body);
     assert_eq!(
         created.body,
-        json!({"name": "AcceptAll", "kind": "filter", "version": 1, "created": true, "live": true})
+        json!({"name": "AcceptAll", "kind": "filter", "version": 1, "created": true, "live": true,
+               "limits": {"cpu_ms": 10000, "memory_mib": 64}})
     );
     let again = upload("application/wasm", wasm.clone(), "").await;
     assert_eq!(

@@ -246,38 +246,40 @@ impl Limits {
             name: name.to_string(),
             reason: what,
         };
-        let cpu_budget = match asked.cpu_ms {
-            None => self.cpu_budget,
+        match asked.cpu_ms {
             Some(0) => return Err(over("it asks for a CPU budget of 0 ms".into())),
-            Some(ms) => {
-                let asked = Duration::from_millis(ms.into());
-                if asked > self.max_cpu_budget {
-                    return Err(over(format!(
-                        "it asks for a CPU budget of {ms} ms, over this server's ceiling of {} ms (LAUREL_FUNCTION_MAX_CPU_MS)",
-                        self.max_cpu_budget.as_millis()
-                    )));
-                }
-                asked
+            Some(ms) if Duration::from_millis(ms.into()) > self.max_cpu_budget => {
+                return Err(over(format!(
+                    "it asks for a CPU budget of {ms} ms, over this server's ceiling of {} ms (LAUREL_FUNCTION_MAX_CPU_MS)",
+                    self.max_cpu_budget.as_millis()
+                )));
             }
-        };
-        let memory_bytes = match asked.memory_mib {
-            None => self.memory_bytes,
+            _ => {}
+        }
+        match asked.memory_mib {
             Some(0) => return Err(over("it asks for 0 MiB of memory".into())),
-            Some(mib) => {
-                let asked = (mib as usize).saturating_mul(1 << 20);
-                if asked > self.max_memory_bytes {
-                    return Err(over(format!(
-                        "it asks for {mib} MiB of memory, over this server's ceiling of {} MiB (LAUREL_FUNCTION_MAX_MEMORY_MIB)",
-                        self.max_memory_bytes >> 20
-                    )));
-                }
-                asked
+            Some(mib) if (mib as usize).saturating_mul(1 << 20) > self.max_memory_bytes => {
+                return Err(over(format!(
+                    "it asks for {mib} MiB of memory, over this server's ceiling of {} MiB (LAUREL_FUNCTION_MAX_MEMORY_MIB)",
+                    self.max_memory_bytes >> 20
+                )));
             }
-        };
-        Ok(Effective {
-            cpu_budget,
-            memory_bytes,
-        })
+            _ => {}
+        }
+        Ok(self.resolve(asked))
+    }
+
+    /// What `asked` comes to, unchecked ([`Limits::effective`] checks;
+    /// a stored version was checked at its push).
+    pub fn resolve(&self, asked: FunctionLimits) -> Effective {
+        Effective {
+            cpu_budget: asked
+                .cpu_ms
+                .map_or(self.cpu_budget, |ms| Duration::from_millis(ms.into())),
+            memory_bytes: asked.memory_mib.map_or(self.memory_bytes, |mib| {
+                (mib as usize).saturating_mul(1 << 20)
+            }),
+        }
     }
 }
 
@@ -635,7 +637,6 @@ impl Runtime {
             version,
             sha256: sha256.to_string(),
             kind,
-            asked,
             limits,
             pre,
             failures: AtomicU32::new(0),
@@ -717,8 +718,7 @@ pub struct Function {
     pub version: i32,
     pub sha256: String,
     pub kind: FunctionKind,
-    /// The limits its push asked for, and what they come to here.
-    pub asked: FunctionLimits,
+    /// What the limits its push asked for come to here.
     pub limits: Effective,
     pre: Pre,
     failures: AtomicU32,

@@ -78,14 +78,10 @@ pub(super) struct LimitsLine {
 
 impl LimitsLine {
     fn of(runtime: &crate::runtime::Runtime, asked: FunctionLimits) -> LimitsLine {
-        let defaults = runtime.limits();
+        let effective = runtime.limits().resolve(asked);
         LimitsLine {
-            cpu_ms: asked
-                .cpu_ms
-                .map_or(defaults.cpu_budget.as_millis(), u128::from),
-            memory_mib: asked
-                .memory_mib
-                .map_or(defaults.memory_bytes >> 20, |mib| mib as usize),
+            cpu_ms: effective.cpu_budget.as_millis(),
+            memory_mib: effective.memory_bytes >> 20,
         }
     }
 }

@@ -34,6 +34,7 @@ pub mod store;
 pub mod supervise;
 pub mod telemetry;
 pub mod text;
+pub mod watch;
 pub mod webhooks;
 
 /// Every binary linking Laurel (the `laurel` command, tests, benchmarks)

@@ -23,6 +23,7 @@ use crate::event::Envelope;
 use crate::objectives::{Plan, Verdict};
 use crate::registry::Registry;
 use crate::store::{Counters, Store};
+use crate::watch::{Step, Watch};
 
 /// Examples of changed verdicts shown per award.
 const EXAMPLES: usize = 10;
@@ -94,7 +95,8 @@ pub enum DiffError {
 }
 
 /// Diffs `version` of `name` (default: its newest version above the live
-/// one, a shadow candidate) against the live version.
+/// one, a shadow candidate) against the live version, telling `watch` each
+/// source read and each award compared.
 pub async fn diff(
     store: &Store,
     registry: &Arc<Registry>,
@@ -102,6 +104,7 @@ pub async fn diff(
     name: &str,
     version: Option<i32>,
     reach: Reach,
+    watch: Watch<'_>,
 ) -> Result<Diff, DiffError> {
     let (live_version, _) = store
         .live_function(name)
@@ -148,7 +151,8 @@ pub async fn diff(
         (awards.clone(), Arc::clone(registry)),
         (awards.clone(), Arc::clone(&shadow)),
     ];
-    let past = past_events(store, brokers, &sides, reach).await?;
+    let mut steps = Steps::new(store, awards.len(), watch).await?;
+    let past = past_events(store, brokers, &sides, reach, &mut steps).await?;
     let mut diffs = Vec::with_capacity(awards.len());
     for award in &awards {
         let before = Side {
@@ -160,6 +164,7 @@ pub async fn diff(
             registry: Arc::clone(&shadow),
         };
         diffs.push(compare(store, Some(before), after, &past.envelopes).await?);
+        steps.ended(&format!("award {} compared", award.id));
     }
     Ok(Diff {
         function: name.to_string(),
@@ -193,6 +198,7 @@ pub async fn dry_run(
     brokers: &str,
     definitions: &[AwardDefinition],
     reach: Reach,
+    watch: Watch<'_>,
 ) -> Result<DryRun, DiffError> {
     let current: Vec<AwardDefinition> = store
         .awards()
@@ -205,7 +211,8 @@ pub async fn dry_run(
         (current.clone(), Arc::clone(registry)),
         (definitions.to_vec(), Arc::clone(registry)),
     ];
-    let past = past_events(store, brokers, &sides, reach).await?;
+    let mut steps = Steps::new(store, definitions.len(), watch).await?;
+    let past = past_events(store, brokers, &sides, reach, &mut steps).await?;
     let mut awards = Vec::with_capacity(definitions.len());
     for definition in definitions {
         let before = current
@@ -220,6 +227,7 @@ pub async fn dry_run(
             registry: Arc::clone(registry),
         };
         awards.push(compare(store, before, after, &past.envelopes).await?);
+        steps.ended(&format!("award {} compared", definition.id));
     }
     Ok(DryRun {
         events: past.events,
@@ -227,6 +235,40 @@ pub async fn dry_run(
         awards,
         note: past.note,
     })
+}
+
+/// A diff's steps: each source read, the stored items, each award
+/// compared.
+struct Steps<'a> {
+    done: u64,
+    total: u64,
+    watch: Watch<'a>,
+}
+
+impl<'a> Steps<'a> {
+    async fn new(store: &Store, awards: usize, watch: Watch<'a>) -> Result<Steps<'a>, DiffError> {
+        let sources = store.sources().await?.len();
+        let total = (sources + 1 + awards) as u64;
+        watch(Step {
+            done: 0,
+            total,
+            note: "reading recent events",
+        });
+        Ok(Steps {
+            done: 0,
+            total,
+            watch,
+        })
+    }
+
+    fn ended(&mut self, note: &str) {
+        self.done = (self.done + 1).min(self.total);
+        (self.watch)(Step {
+            done: self.done,
+            total: self.total,
+            note,
+        });
+    }
 }
 
 /// What a diff compares: Kafka's recent events and the stored items' last
@@ -247,6 +289,7 @@ async fn past_events(
     brokers: &str,
     sides: &[(Vec<AwardDefinition>, Arc<Registry>)],
     reach: Reach,
+    steps: &mut Steps<'_>,
 ) -> Result<Past, DiffError> {
     let sources = store.sources().await?;
     let mut envelopes = Vec::new();
@@ -258,6 +301,7 @@ async fn past_events(
             }
             Err(error) => problems.push(format!("{}: {error}", source.topic)),
         }
+        steps.ended(&format!("{} read", source.topic));
     }
     let events = envelopes.len();
     let names: Vec<String> = sources.into_iter().map(|s| s.name).collect();
@@ -276,6 +320,7 @@ async fn past_events(
     .map_err(|e| DiffError::NoCandidate(format!("planning the sources failed: {e}")))?;
     let (stored, cut) = store.item_events(&matched, reach.items).await?;
     let items = stored.len();
+    steps.ended(&format!("{items} stored items read"));
     if cut {
         problems.push(format!(
             "stored items: only the first {items} (whole users, in key order) were compared; --items reads more"

@@ -38,13 +38,7 @@ pub async fn set(state: &AppState, user_id: &str, body: &[u8]) -> Result<BadgeCh
             "the request body must be {{\"public\": true|false}}: {error}"
         ))
     })?;
-    // As an event's user_id may be (PostgreSQL refuses NUL in text).
-    if user_id.is_empty() || user_id.len() > crate::event::MAX_ID_BYTES || user_id.contains('\0') {
-        return Err(ApiError::BadRequest(format!(
-            "a user id is 1 to {} bytes without NUL",
-            crate::event::MAX_ID_BYTES
-        )));
-    }
+    check_user_id(user_id)?;
     state
         .store()
         .await?
@@ -54,4 +48,16 @@ pub async fn set(state: &AppState, user_id: &str, body: &[u8]) -> Result<BadgeCh
         user_id: user_id.to_string(),
         public,
     })
+}
+
+/// A user id a write may store: as an event's user_id may be (PostgreSQL
+/// refuses NUL in text).
+pub fn check_user_id(user_id: &str) -> Result<(), ApiError> {
+    if user_id.is_empty() || user_id.len() > crate::event::MAX_ID_BYTES || user_id.contains('\0') {
+        return Err(ApiError::BadRequest(format!(
+            "a user id is 1 to {} bytes without NUL",
+            crate::event::MAX_ID_BYTES
+        )));
+    }
+    Ok(())
 }

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 
+use super::progress::Progress;
 use super::{
     AwardsCommand, DeadLettersCommand, FunctionsCommand, PipelinesCommand, PoolCommand,
     ProxiesCommand, SourcesCommand, UsersCommand, WebhooksCommand,
@@ -228,9 +229,19 @@ pub(super) async fn functions(
             let store = store(connections).await?;
             let registry = Registry::start(&connections.database_url, sandbox.runtime()?).await?;
             let reach = crate::shadow::Reach { events, items };
-            let diff =
-                crate::shadow::diff(&store, &registry, &kafka_brokers, &name, version, reach)
-                    .await?;
+            let progress = Progress::new("steps");
+            let watch = |step: crate::watch::Step<'_>| progress.follow(step);
+            let diff = crate::shadow::diff(
+                &store,
+                &registry,
+                &kafka_brokers,
+                &name,
+                version,
+                reach,
+                &watch,
+            )
+            .await?;
+            progress.finish();
             if json {
                 println!("{}", serde_json::to_string_pretty(&diff)?);
             } else {
@@ -398,7 +409,11 @@ pub(super) async fn awards(
                 return Ok(());
             };
             let reach = crate::shadow::Reach { events, items };
-            let dry = crate::shadow::dry_run(&store, &registry, &brokers, &checked, reach).await?;
+            let progress = Progress::new("steps");
+            let watch = |step: crate::watch::Step<'_>| progress.follow(step);
+            let dry = crate::shadow::dry_run(&store, &registry, &brokers, &checked, reach, &watch)
+                .await?;
+            progress.finish();
             if json {
                 println!("{}", serde_json::to_string_pretty(&dry)?);
             } else {
@@ -539,7 +554,7 @@ async fn backfill_here(
     settings: crate::backfill::BackfillSettings,
     id: &str,
 ) -> anyhow::Result<crate::store::HistoryBackfill> {
-    let progress = super::progress::Progress::new("items and retained messages");
+    let progress = Progress::new("items and retained messages");
     let show = |b: &crate::store::HistoryBackfill| {
         progress.update(
             (b.done + b.events_done) as u64,
@@ -760,7 +775,7 @@ pub(super) async fn proxies(
                     .with_context(|| format!("failed to read {source}"))?
             };
             let store = store().await?;
-            let progress = super::progress::Progress::new("proxies checked");
+            let progress = Progress::new("proxies checked");
             let watch = |c: proxy::candidates::Checking| {
                 progress.update(c.checked as u64, c.total as u64, refused_note(c.refused));
             };
@@ -772,7 +787,7 @@ pub(super) async fn proxies(
         }
         ProxiesCommand::Check { pool } => {
             let store = store().await?;
-            let progress = super::progress::Progress::new("proxies checked");
+            let progress = Progress::new("proxies checked");
             let watch = |c: proxy::candidates::Checking| {
                 progress.update(c.checked as u64, c.total as u64, refused_note(c.refused));
             };
@@ -971,13 +986,17 @@ pub(super) async fn pipelines(
                 .find(|p| p.name == name)
                 .ok_or_else(|| anyhow::anyhow!("no pipeline named {name}"))?;
             let key = crate::replay::raw::ReplayKey::load(&store).await?;
-            let report = crate::replay::raw::replay(
+            let progress = Progress::new("dead-letter records read");
+            let watch = |step: crate::watch::Step<'_>| progress.follow(step);
+            let report = crate::replay::raw::replay_watched(
                 &kafka_brokers,
                 crate::kafka::GROUP_PREFIX,
                 &pipeline,
                 &key,
+                &watch,
             )
             .await?;
+            progress.finish();
             println!(
                 "replayed {} dead letters of pipeline {name} from {} to {}",
                 report.replayed, report.dead_topic, pipeline.input_topic
@@ -1051,15 +1070,19 @@ pub(super) async fn dead_letters(
             let registry = Registry::start(&connections.database_url, sandbox.runtime()?).await?;
             let catalog = Catalog::start(&connections.database_url).await?;
             let filter = crate::store::LetterFilter { since, reason };
-            let report = crate::replay::replay(
+            let progress = Progress::new("dead letters replayed");
+            let watch = |step: crate::watch::Step<'_>| progress.follow(step);
+            let report = crate::replay::replay_watched(
                 &mut store,
                 &registry,
                 &catalog,
                 &source,
                 &filter,
                 max_event_bytes,
+                &watch,
             )
             .await?;
+            progress.finish();
             println!(
                 "replayed {} dead letters of {source}; {} still fail{}",
                 report.replayed,

@@ -59,6 +59,11 @@ impl Progress {
         }
     }
 
+    /// A step of work that tells how far it is (`crate::watch`).
+    pub fn follow(&self, step: crate::watch::Step<'_>) {
+        self.update(step.done, step.total, step.note.to_string());
+    }
+
     /// A message of its own (an error it goes on after), above the bar.
     pub fn say(&self, text: &str) {
         match &self.bar {

@@ -19,6 +19,8 @@ pub struct Span {
     ends: HashMap<i32, i64>,
     /// The ends of the partitions read to their end.
     done: TopicPartitionList,
+    /// Records from the starts to the ends (compaction may leave fewer).
+    total: u64,
 }
 
 impl Span {
@@ -51,12 +53,22 @@ impl Span {
             }
         }
         consumer.assign(&assignment)?;
+        let total = ranges
+            .iter()
+            .map(|(_, start, end)| u64::try_from(end - start).unwrap_or(0))
+            .sum();
         Ok(Some(Span {
             consumer,
             topic: topic.to_string(),
             ends,
             done: TopicPartitionList::new(),
+            total,
         }))
+    }
+
+    /// How many records the span holds at most.
+    pub fn total(&self) -> u64 {
+        self.total
     }
 
     /// The next record of the span, or None once every end is reached.

@@ -24,6 +24,7 @@ use crate::event::Envelope;
 use crate::objectives::{self, Plan, Scope};
 use crate::registry::Registry;
 use crate::store::{Applied, Batch, LetterFilter, Message, Replaying, Store, StoredLetter};
+use crate::watch::{Step, Watch};
 
 /// How many dead letters one transaction replays.
 const CHUNK: i64 = 500;
@@ -52,6 +53,30 @@ pub async fn replay(
     filter: &LetterFilter,
     max_event_bytes: usize,
 ) -> anyhow::Result<ReplayReport> {
+    let unwatched = &crate::watch::unwatched;
+    replay_watched(
+        store,
+        registry,
+        catalog,
+        source,
+        filter,
+        max_event_bytes,
+        unwatched,
+    )
+    .await
+}
+
+/// [`replay`], telling `watch` how many of the letters it found at the
+/// start were replayed so far.
+pub async fn replay_watched(
+    store: &mut Store,
+    registry: &Arc<Registry>,
+    catalog: &Catalog,
+    source: &str,
+    filter: &LetterFilter,
+    max_event_bytes: usize,
+    watch: Watch<'_>,
+) -> anyhow::Result<ReplayReport> {
     let sources = store.sources().await?;
     anyhow::ensure!(
         sources.iter().any(|s| s.name == source),
@@ -63,6 +88,14 @@ pub async fn replay(
     let recorded = objectives::recorded_awards(&catalog.awards());
     let mut report = ReplayReport::default();
     let mut after = 0;
+    let total = store.count_letters_to_replay(source, filter).await?;
+    let mut done = 0;
+    let step = |done: u64| Step {
+        done: done.min(total),
+        total,
+        note: "",
+    };
+    watch(step(0));
     loop {
         let letters = store
             .letters_to_replay(source, filter, after, CHUNK)
@@ -82,6 +115,8 @@ pub async fn replay(
             store.dead_letter_failed_again(id, &reason).await?;
             report.failures.push((id, reason));
         }
+        done += letters.len() as u64;
+        watch(step(done));
     }
     report.failures.truncate(20);
     info!(message = "Dead letters replayed.", source = %source, replayed = report.replayed, still_failing = report.still_failing, taken = report.taken);

@@ -136,6 +136,19 @@ pub async fn replay(
     pipeline: &PipelineRow,
     key: &ReplayKey,
 ) -> anyhow::Result<RawReplay> {
+    let unwatched = &crate::watch::unwatched;
+    replay_watched(brokers, group_prefix, pipeline, key, unwatched).await
+}
+
+/// [`replay`], telling `watch` how many of the dead topic's records it has
+/// read of those there were when it started.
+pub async fn replay_watched(
+    brokers: &str,
+    group_prefix: &str,
+    pipeline: &PipelineRow,
+    key: &ReplayKey,
+    watch: crate::watch::Watch<'_>,
+) -> anyhow::Result<RawReplay> {
     let dead = dead_topic(&pipeline.input_topic);
     let group = replay_group(group_prefix, &pipeline.name);
     let mut report = RawReplay {
@@ -147,7 +160,14 @@ pub async fn replay(
         return Ok(report);
     };
     let producer = kafka::producer(brokers)?;
+    let total = span.total();
+    let mut read = 0;
     loop {
+        watch(crate::watch::Step {
+            done: read.min(total),
+            total,
+            note: "",
+        });
         let message = tokio::time::timeout(PATIENCE, span.next())
             .await
             .map_err(|_| {
@@ -160,6 +180,7 @@ pub async fn replay(
         let Some(message) = message else {
             break;
         };
+        read += 1;
         let header = |name: &str| message.header(name).unwrap_or_default();
         let origin = [header("laurel-partition"), b"/", header("laurel-offset")].concat();
         // The record's own headers, without any mark (a name that is not

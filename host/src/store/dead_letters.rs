@@ -115,6 +115,26 @@ impl Store {
 
     /// Open dead letters of a source after `after` (an id), oldest first,
     /// with their messages.
+    /// How many open dead letters of `source` a replay with `filter` takes.
+    pub async fn count_letters_to_replay(
+        &self,
+        source: &str,
+        filter: &LetterFilter,
+    ) -> Result<u64, StoreError> {
+        let row = self
+            .client()
+            .query_one(
+                "SELECT count(*) FROM dead_letters
+                 WHERE source = $1 AND replayed_at IS NULL
+                   AND ($2::timestamptz IS NULL OR dead_at >= $2)
+                   AND ($3::text IS NULL OR strpos(reason, $3) > 0)",
+                &[&source, &filter.since, &filter.reason],
+            )
+            .await
+            .context("counting dead letters to replay")?;
+        Ok(u64::try_from(row.get::<_, i64>(0)).unwrap_or(0))
+    }
+
     pub async fn letters_to_replay(
         &self,
         source: &str,

@@ -256,6 +256,19 @@ async fn answers_match_the_documented_bodies_both_ways() {
         Some(award.body["definition"].clone()),
     )
     .await;
+    let dry = c
+        .admin(
+            "POST",
+            "/awards/{id}/dry-run",
+            "/awards/content-maker/dry-run",
+            Some(award.body["definition"].clone()),
+        )
+        .await;
+    assert_eq!(
+        dry.body["awards"][0]["award_id"], "content-maker",
+        "{}",
+        dry.body
+    );
     let backfill = c
         .admin(
             "POST",
@@ -449,7 +462,22 @@ async fn answers_match_the_documented_bodies_both_ways() {
     .await;
     c.admin("GET", "/users/{user_id}/badges", "/users/u-1/badges", None)
         .await;
+    // A user banned and restored (u-9: u-1's awards are read below).
+    for state in ["banned", "active"] {
+        let set = c
+            .admin(
+                "PUT",
+                "/users/{user_id}/state",
+                "/users/u-9/state",
+                Some(json!({"state": state})),
+            )
+            .await;
+        assert_eq!(set.body["state"], state, "{}", set.body);
+    }
     let reads = [
+        ("/whoami", "/whoami"),
+        ("/users/{user_id}/state", "/users/u-9/state"),
+        ("/proxy-pools", "/proxy-pools"),
         ("/pipelines", "/pipelines"),
         ("/pipelines/{name}", "/pipelines/navigator"),
         ("/awards", "/awards"),

@@ -197,31 +197,12 @@ pub(super) async fn put(
     Path(id): Path<String>,
     raw: Result<Bytes, BytesRejection>,
 ) -> Result<(Extension<AuditTarget>, Json<Applied>), ApiError> {
-    let mut definition = json_body(raw, state.settings.max_body_bytes)?;
-    let Some(object) = definition.as_object_mut() else {
-        return Err(ApiError::unprocessable(format!(
-            "award {id}: the body must be one award definition (a JSON object)"
-        )));
-    };
-    match object.get("id") {
-        None => {
-            object.insert("id".into(), Value::String(id.clone()));
-        }
-        Some(Value::String(body_id)) if *body_id == id => {}
-        Some(other) => {
-            return Err(ApiError::unprocessable(format!(
-                "award {id}: the body's id {other} differs from the id in the path"
-            )));
-        }
-    }
+    let definition = one_definition(&id, json_body(raw, state.settings.max_body_bytes)?)?;
     let before = state.catalog.snapshot().versions.get(&id).copied();
     let mut store = state.store().await?;
     let applied = definitions::apply(&mut store, &state.registry, &definition.to_string())
         .await
-        .map_err(|error| match error {
-            ApplyError::Invalid(invalid) => ApiError::refused(invalid.to_string(), &invalid.0),
-            ApplyError::Store(error) => error.into(),
-        })?;
+        .map_err(refused)?;
     // This process answers with the new definition at once; the others
     // follow the notification.
     state.catalog.reload(&store).await?;
@@ -236,6 +217,77 @@ pub(super) async fn put(
         after: Some(version),
     };
     Ok((Extension(audit), Json(Applied { id, version })))
+}
+
+/// `POST /awards/{id}/dry-run`: the definition checked as `PUT` checks it
+/// (refused the same way), then compared with the award as it is now on
+/// its sources' recent events and the stored items; nothing is written.
+pub(super) async fn dry_run(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<Json<crate::shadow::DryRun>, ApiError> {
+    let definition = one_definition(&id, json_body(raw, state.settings.max_body_bytes)?)?;
+    let Some(brokers) = state.settings.kafka_brokers.clone() else {
+        return Err(ApiError::Unavailable(
+            "this process has no Kafka brokers configured: a dry run reads recent events from Kafka"
+                .into(),
+        ));
+    };
+    let _permit = state.heavy("a dry run")?;
+    let store = state.store().await?;
+    let (checked, _) = definitions::check(&store, &state.registry, &definition.to_string())
+        .await
+        .map_err(refused)?;
+    // As bounded as a function's diff through the API.
+    let reach = crate::shadow::Reach {
+        events: 10_000,
+        items: 100_000,
+    };
+    let unwatched = &crate::watch::unwatched;
+    crate::shadow::dry_run(
+        &store,
+        &state.registry,
+        &brokers,
+        &checked,
+        reach,
+        unwatched,
+    )
+    .await
+    .map(Json)
+    .map_err(|error| match error {
+        crate::shadow::DiffError::Store(error) => error.into(),
+        other => ApiError::unprocessable(format!("award {id}: {other}")),
+    })
+}
+
+fn refused(error: ApplyError) -> ApiError {
+    match error {
+        ApplyError::Invalid(invalid) => ApiError::refused(invalid.to_string(), &invalid.0),
+        ApplyError::Store(error) => error.into(),
+    }
+}
+
+/// The body as the one definition of award `id` (its id filled in from
+/// the path when it has none).
+fn one_definition(id: &str, mut definition: Value) -> Result<Value, ApiError> {
+    let Some(object) = definition.as_object_mut() else {
+        return Err(ApiError::unprocessable(format!(
+            "award {id}: the body must be one award definition (a JSON object)"
+        )));
+    };
+    match object.get("id") {
+        None => {
+            object.insert("id".into(), Value::String(id.to_string()));
+        }
+        Some(Value::String(body_id)) if *body_id == id => {}
+        Some(other) => {
+            return Err(ApiError::unprocessable(format!(
+                "award {id}: the body's id {other} differs from the id in the path"
+            )));
+        }
+    }
+    Ok(definition)
 }
 
 pub(super) async fn delete(

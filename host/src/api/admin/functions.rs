@@ -42,6 +42,7 @@ pub(super) async fn list(
             builtin: r.builtin,
             created_at: time(r.created_at),
             quarantined: r.quarantine_reason,
+            live: r.live,
         })
         .collect();
     Ok(Json(FunctionList { functions }))
@@ -64,6 +65,8 @@ pub(super) struct FunctionLine {
     created_at: String,
     /// Why the version is quarantined, if it is.
     quarantined: Option<String>,
+    /// Whether this version serves (a newer one that does not is a shadow).
+    live: bool,
     /// What it runs under here (its push's, else this server's defaults).
     limits: LimitsLine,
     /// What its push asked for (null: the server's default).
@@ -331,16 +334,25 @@ pub(super) async fn diff(
     };
     let _permit = state.heavy("a diff")?;
     let store = state.store().await?;
-    crate::shadow::diff(&store, &state.registry, &brokers, &name, version, reach)
-        .await
-        .map(Json)
-        .map_err(|error| match error {
-            crate::shadow::DiffError::NoCandidate(message) => ApiError::NotFound(message),
-            crate::shadow::DiffError::Store(error) => error.into(),
-            crate::shadow::DiffError::Load(error) => {
-                ApiError::unprocessable(format!("function {name}: {error}"))
-            }
-        })
+    let unwatched = &crate::watch::unwatched;
+    crate::shadow::diff(
+        &store,
+        &state.registry,
+        &brokers,
+        &name,
+        version,
+        reach,
+        unwatched,
+    )
+    .await
+    .map(Json)
+    .map_err(|error| match error {
+        crate::shadow::DiffError::NoCandidate(message) => ApiError::NotFound(message),
+        crate::shadow::DiffError::Store(error) => error.into(),
+        crate::shadow::DiffError::Load(error) => {
+            ApiError::unprocessable(format!("function {name}: {error}"))
+        }
+    })
 }
 
 /// `GET /functions/{name}/versions/{version}`: the component as pushed.

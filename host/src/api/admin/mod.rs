@@ -40,6 +40,7 @@ pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
             get(awards::get).put(awards::put).delete(awards::delete),
         )
         .route("/awards/{id}/backfill", post(awards::backfill))
+        .route("/awards/{id}/dry-run", post(awards::dry_run))
         .route("/functions", get(functions::list))
         .route(
             "/functions/{name}",
@@ -55,6 +56,10 @@ pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
         .route("/users/{user_id}/awards", get(users::awards))
         .route("/users/{user_id}/log", get(users::log))
         .route(
+            "/users/{user_id}/state",
+            get(users::state).put(users::set_state),
+        )
+        .route(
             "/users/{user_id}/badges",
             get(users::badge_choice).put(users::set_badge_choice),
         )
@@ -67,6 +72,7 @@ pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
         .route("/sources/{name}/resume", post(sources::resume))
         .route("/sources/{name}/dead-letters", get(sources::dead_letters))
         .route("/sources/{name}/dead-letters/replay", post(sources::replay))
+        .route("/proxy-pools", get(proxies::list))
         .route(
             "/proxy-pools/{pool}",
             get(proxies::get).put(proxies::put).delete(proxies::delete),
@@ -87,6 +93,7 @@ pub fn routes(state: Arc<AppState>) -> Router<Arc<AppState>> {
             post(pipelines::replay),
         )
         .route("/audit", get(audit))
+        .route("/whoami", get(whoami))
         .route("/webhooks", get(webhooks::list))
         .route(
             "/webhooks/{name}",
@@ -191,6 +198,21 @@ async fn record(
     if let Err(error) = recorded {
         tracing::error!(message = "Failed to record an admin write in the audit log.", token = %entry.token_name, method = %entry.method, path = %entry.path, %error);
     }
+}
+
+/// `GET /whoami`: the caller's token name and role (the console greys out
+/// writes for a read token).
+#[derive(Debug, Serialize)]
+struct WhoAmI {
+    name: String,
+    role: &'static str,
+}
+
+async fn whoami(axum::Extension(caller): axum::Extension<auth::Caller>) -> Json<WhoAmI> {
+    Json(WhoAmI {
+        name: caller.name,
+        role: caller.role.as_str(),
+    })
 }
 
 async fn audit(

@@ -173,6 +173,34 @@ fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// `GET /proxy-pools`: every configured pool's settings (members: `GET
+/// /proxy-pools/{pool}`).
+#[derive(Debug, Serialize)]
+pub(super) struct PoolList {
+    pools: Vec<PoolLine>,
+}
+
+#[derive(Debug, Serialize)]
+pub(super) struct PoolLine {
+    pool: String,
+    config: PoolSettings,
+}
+
+pub(super) async fn list(State(state): State<Arc<AppState>>) -> Result<Json<PoolList>, ApiError> {
+    let pools = state
+        .store()
+        .await?
+        .proxy_pools()
+        .await?
+        .iter()
+        .map(|row| PoolLine {
+            pool: row.name.clone(),
+            config: PoolSettings::of(row),
+        })
+        .collect();
+    Ok(Json(PoolList { pools }))
+}
+
 pub(super) async fn get(
     State(state): State<Arc<AppState>>,
     Path(pool): Path<String>,

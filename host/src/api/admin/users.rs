@@ -3,14 +3,14 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, Query, State};
+use axum::{Extension, Json};
 use serde::Serialize;
 use serde_json::Value;
 
-use super::{next_before, page, time};
+use super::{AuditTarget, next_before, page, time};
 use crate::api::badges::{self, BadgeChoice};
 use crate::api::progress::{Audience, UserAwards, user_awards};
 use crate::api::{ApiError, AppState, body};
@@ -41,6 +41,66 @@ pub(super) async fn set_badge_choice(
 ) -> Result<Json<BadgeChoice>, ApiError> {
     let bytes = body(raw, state.settings.max_body_bytes)?;
     Ok(Json(badges::set(&state, &user_id, &bytes).await?))
+}
+
+/// `GET|PUT /users/{user_id}/state`: `active`, `banned` or `deleted` (a
+/// banned or deleted user's events are skipped, logged).
+#[derive(Debug, Serialize)]
+pub(super) struct UserState {
+    user_id: String,
+    state: String,
+}
+
+/// What a `PUT /users/{user_id}/state` takes.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewState {
+    state: String,
+}
+
+pub(super) async fn state(
+    State(state): State<Arc<AppState>>,
+    Path(user_id): Path<String>,
+) -> Result<Json<UserState>, ApiError> {
+    let now = state.store().await?.user_state(&user_id).await?;
+    Ok(Json(UserState {
+        user_id,
+        state: now,
+    }))
+}
+
+pub(super) async fn set_state(
+    State(state): State<Arc<AppState>>,
+    Path(user_id): Path<String>,
+    raw: Result<Bytes, BytesRejection>,
+) -> Result<(Extension<AuditTarget>, Json<UserState>), ApiError> {
+    let bytes = body(raw, state.settings.max_body_bytes)?;
+    let NewState { state: wanted } = serde_json::from_slice(&bytes).map_err(|error| {
+        ApiError::BadRequest(format!(
+            "the request body must be {{\"state\": \"active\"|\"banned\"|\"deleted\"}}: {error}"
+        ))
+    })?;
+    if !matches!(wanted.as_str(), "active" | "banned" | "deleted") {
+        return Err(ApiError::BadRequest(format!(
+            "a user's state is active, banned or deleted, not {:?}",
+            crate::text::printable(&wanted, 64)
+        )));
+    }
+    badges::check_user_id(&user_id)?;
+    let mut store = state.store().await?;
+    store.set_user_state(&user_id, &wanted).await?;
+    let audit = AuditTarget {
+        target: format!("user {user_id}"),
+        before: None,
+        after: None,
+    };
+    Ok((
+        Extension(audit),
+        Json(UserState {
+            user_id,
+            state: wanted,
+        }),
+    ))
 }
 
 /// `GET /users/{user_id}/log`: a page of the processing log, newest first.

@@ -39,6 +39,11 @@ impl fmt::Display for Verdict {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Verdict::Excluded { filter } => write!(f, "excluded by filter {filter}"),
+            // The item's contribution is now empty (it replaces what it
+            // counted before, if anything).
+            Verdict::Counted { rule, counters, .. } if counters.is_empty() => {
+                write!(f, "rule {rule} counts nothing for this item")
+            }
             Verdict::Counted { rule, counters, .. } => {
                 write!(f, "rule {rule} counts ")?;
                 for (at, (name, value)) in counters.iter().enumerate() {
@@ -92,6 +97,16 @@ mod tests {
         assert_eq!(
             Verdict::Nothing { rule: "R".into() }.to_string(),
             "rule R counts nothing"
+        );
+        let emptied = Verdict::Counted {
+            rule: "CountRule".into(),
+            counters: Counters::default(),
+            dedup_key: None,
+            additive: false,
+        };
+        assert_eq!(
+            emptied.to_string(),
+            "rule CountRule counts nothing for this item"
         );
         assert_eq!(
             Verdict::Held {

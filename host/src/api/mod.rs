@@ -9,6 +9,7 @@
 mod admin;
 mod auth;
 mod badges;
+mod console;
 mod error;
 mod explain;
 mod functions;
@@ -277,6 +278,7 @@ impl AppState {
 pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .merge(public::routes())
+        .merge(console::routes())
         .nest("/admin/v1", admin::routes(state.clone()))
         .route("/healthz", get(healthz))
         .route("/openapi.json", get(openapi))

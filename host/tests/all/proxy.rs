@@ -215,39 +215,16 @@ async fn two_laurel_processes_share_a_pool_exactly() {
     pools.delete_pool(&pool).await.unwrap();
 }
 
-/// Makes sure tinyproxy is on the machine: the tests install Debian's
-/// package themselves when it is missing (and say so), so the README's
-/// test command needs no step by hand.
+/// Makes sure tinyproxy is on the machine (installed once if missing).
 fn installed() {
     static INSTALLED: std::sync::OnceLock<()> = std::sync::OnceLock::new();
     INSTALLED.get_or_init(|| {
-        let present = || {
+        crate::support::debian_packages(&["tinyproxy"], || {
             std::process::Command::new("tinyproxy")
                 .arg("-v")
                 .output()
                 .is_ok_and(|o| o.status.success())
-        };
-        if present() {
-            return;
-        }
-        eprintln!(
-            "tinyproxy is missing: installing Debian's package (apt-get install -y tinyproxy)"
-        );
-        let apt = |args: &[&str]| {
-            std::process::Command::new("apt-get")
-                .args(args)
-                .stdout(std::process::Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success())
-        };
-        if !apt(&["install", "-y", "tinyproxy"]) {
-            apt(&["update"]);
-            apt(&["install", "-y", "tinyproxy"]);
-        }
-        assert!(
-            present(),
-            "tinyproxy is missing and could not be installed: run `apt-get install -y tinyproxy`"
-        );
+        })
     });
 }
 

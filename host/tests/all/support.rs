@@ -171,6 +171,33 @@ async fn connect(url: &str) -> tokio_postgres::Client {
     client
 }
 
+/// Makes sure Debian's `packages` are on the machine: when `present` says
+/// they are not, the test installs them with apt-get (and says so), so the
+/// README's test command needs no step by hand.
+pub fn debian_packages(packages: &[&str], present: impl Fn() -> bool) {
+    if present() {
+        return;
+    }
+    let list = packages.join(" ");
+    eprintln!("{list} missing: installing Debian's packages (apt-get install -y {list})");
+    let apt = |args: &[&str]| {
+        std::process::Command::new("apt-get")
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let install: Vec<&str> = ["install", "-y"].iter().chain(packages).copied().collect();
+    if !apt(&install) {
+        apt(&["update"]);
+        apt(&install);
+    }
+    assert!(
+        present(),
+        "{list} missing and could not be installed: run `apt-get install -y {list}`"
+    );
+}
+
 /// A child process killed when the test ends, even by a failed assertion
 /// (a `laurel` left running would hold ports and CPU for the rest).
 pub struct KillOnDrop(pub std::process::Child);

@@ -42,20 +42,9 @@ fn script(page: &str, lang: &str, suffix: &str) -> String {
 }
 
 fn ensure_kcat() {
-    if Command::new("kcat").arg("-V").output().is_ok() {
-        return;
-    }
-    println!("kcat is missing: installing it with apt-get");
-    let installed = Command::new("apt-get")
-        .args(["install", "-y", "kcat"])
-        .status()
-        .is_ok_and(|s| s.success())
-        || (Command::new("apt-get").arg("update").status().is_ok()
-            && Command::new("apt-get")
-                .args(["install", "-y", "kcat"])
-                .status()
-                .is_ok_and(|s| s.success()));
-    assert!(installed, "kcat is needed (apt-get install kcat)");
+    crate::support::debian_packages(&["kcat"], || {
+        Command::new("kcat").arg("-V").output().is_ok()
+    });
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -891,35 +891,40 @@
     );
   }
 
+  /** Horizontal bars, one a row: its name, its bar, its value. */
   function barChart(label, entries) {
-    const width = 320;
-    const row = 18;
+    const svgNs = 'http://www.w3.org/2000/svg';
+    const [names, bars, row] = [220, 220, 18];
     const top = Math.max(1, ...entries.map(([, v]) => v));
-    const svg = document.createElementNS('http://www.w3.org/2000/svg', 'svg');
+    const svg = document.createElementNS(svgNs, 'svg');
     svg.setAttribute('class', 'chart');
-    svg.setAttribute('width', width);
+    svg.setAttribute('width', names + bars + 60);
     svg.setAttribute('height', Math.max(row, entries.length * row));
     svg.setAttribute('role', 'img');
     svg.setAttribute('aria-label', `${label}: ${entries.map(([k, v]) => `${k} ${v}`).join(', ') || 'none'}`);
     entries.forEach(([name, value], i) => {
-      const rect = document.createElementNS('http://www.w3.org/2000/svg', 'rect');
-      rect.setAttribute('x', 0);
+      const width = Math.max(1, (value / top) * bars);
+      const text = (x, words) => {
+        const t = document.createElementNS(svgNs, 'text');
+        t.setAttribute('x', x);
+        t.setAttribute('y', i * row + row - 5);
+        t.textContent = words;
+        return t;
+      };
+      const rect = document.createElementNS(svgNs, 'rect');
+      rect.setAttribute('x', names);
       rect.setAttribute('y', i * row + 3);
-      rect.setAttribute('width', Math.max(1, (value / top) * (width - 120)));
+      rect.setAttribute('width', width);
       rect.setAttribute('height', row - 6);
       rect.setAttribute('class', 'bar');
-      const text = document.createElementNS('http://www.w3.org/2000/svg', 'text');
-      text.setAttribute('x', Math.max(1, (value / top) * (width - 120)) + 4);
-      text.setAttribute('y', i * row + row - 5);
-      text.textContent = `${value} ${name}`;
-      svg.append(rect, text);
+      svg.append(text(4, name), rect, text(names + width + 4, String(value)));
     });
     return svg;
   }
 
   async function poolPage(pool) {
     const view = await get(`/proxy-pools/${enc(pool)}`);
-    const [listLabel, list] = field('Candidates, one scheme://host:port a line', { tag: 'textarea', rows: 6, class: 'mono' });
+    const [listLabel, list] = field('Candidates, one scheme://host:port a line', { tag: 'textarea', rows: 6, class: 'mono short' });
     const report = h('div', { 'aria-live': 'polite' });
     const importButton = writeButton('Import and check', async () => {
       fill(report, h('p', { class: 'muted' }, 'Checking each candidate…'));

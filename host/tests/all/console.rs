@@ -137,6 +137,22 @@ impl Up {
     }
 }
 
+/// Every control on the page has a label (its own, `aria-label`, or a
+/// button's text).
+async fn unlabelled(browser: &Browser, page: &str) {
+    let missing = browser
+        .run(
+            "return [...document.querySelectorAll('input, select, textarea, button')]
+               .filter((c) => !(c.labels && c.labels.length) && !c.getAttribute('aria-label')
+                 && !(c.tagName === 'BUTTON' && c.innerText.trim()))
+               .filter((c) => c.offsetParent !== null)
+               .map((c) => c.outerHTML);",
+            json!([]),
+        )
+        .await;
+    assert_eq!(missing, json!([]), "controls without a label on {page}");
+}
+
 /// A source's row in the console's table, cell by cell.
 async fn source_row(browser: &Browser, source: &str) -> Vec<String> {
     let cells = browser
@@ -244,6 +260,7 @@ async fn support_product_and_operators_do_their_work_in_the_console() {
     assert!(user.contains("8.5 of 15"), "{user}");
     assert!(user.contains("State: active"), "{user}");
     browser.screenshot("user").await;
+    unlabelled(&browser, "the user page").await;
     browser
         .click("//a[@href='#/user/u-42/why/three-of-either']")
         .await;
@@ -316,6 +333,7 @@ async fn support_product_and_operators_do_their_work_in_the_console() {
     let dry = browser.wait_for("Dry run: nothing written").await;
     assert!(dry.contains("Would complete: u-42."), "{dry}");
     browser.screenshot("award-dry-run").await;
+    unlabelled(&browser, "the award editor").await;
     assert_eq!(up.admin("/awards/content-maker").await["version"], 1);
 
     // A shadow version of StatusFilter (one that lets everything through):
@@ -325,6 +343,7 @@ async fn support_product_and_operators_do_their_work_in_the_console() {
     browser.go(&format!("{console}#/functions")).await;
     browser.wait_for("StatusFilter").await;
     browser.screenshot("functions").await;
+    unlabelled(&browser, "the functions page").await;
     browser
         .go(&format!("{console}#/functions/StatusFilter"))
         .await;
@@ -390,6 +409,13 @@ async fn support_product_and_operators_do_their_work_in_the_console() {
     );
     browser.press("Resume photos").await;
     browser.wait_for("photos resumed.").await;
+    // The chart's rate moves off zero as the held-back events are applied.
+    wait_for_row(&browser, "photos", |row| {
+        row.get(4)
+            .is_some_and(|rate| !rate.starts_with("0 applied") && rate.contains(" applied, "))
+    })
+    .await;
+    browser.screenshot("sources-resumed").await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     while up
         .counter("u-7", "content-maker", "photo", "approved")
@@ -407,6 +433,7 @@ async fn support_product_and_operators_do_their_work_in_the_console() {
     })
     .await;
     browser.screenshot("sources").await;
+    unlabelled(&browser, "the sources page").await;
 
     // A broken StatusFilter holds an event for the objective that uses it;
     // after the rollback, the replay applies it there, once.
@@ -473,9 +500,71 @@ async fn support_product_and_operators_do_their_work_in_the_console() {
     browser.screenshot("audit").await;
     browser.go(&format!("{console}#/webhooks")).await;
     browser.wait_for("Add or change a webhook").await;
+    unlabelled(&browser, "webhooks").await;
+    browser
+        .type_into("//label[.='Name']/following-sibling::input", "shop")
+        .await;
+    browser
+        .type_into(
+            "//label[.='URL']/following-sibling::input",
+            "https://shop.example/hooks/awards",
+        )
+        .await;
+    browser.press("Save webhook").await;
+    browser.wait_for("Webhook shop saved.").await;
+    browser.wait_for("https://shop.example/hooks/awards").await;
     browser.screenshot("webhooks").await;
+    assert_eq!(
+        up.admin("/webhooks/shop").await["url"],
+        "https://shop.example/hooks/awards"
+    );
+
+    // A proxy pool: a list imported from the page, each refusal with its
+    // reason, then one allocation.
+    let proxy = crate::proxy::Tinyproxy::start("console");
+    let check = crate::proxy::check_server().await;
+    let pool = crate::proxy::pool_name("console");
+    let saved = up
+        .http
+        .put(format!("{}/admin/v1/proxy-pools/{pool}", up.api))
+        .bearer_auth(OPS)
+        .header("Content-Type", "application/json")
+        .body(json!({"check_url": check, "allow_private": true, "timeout_ms": 2000}).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        saved.status().is_success(),
+        "{}",
+        saved.text().await.unwrap()
+    );
     browser.go(&format!("{console}#/pools")).await;
-    browser.wait_for("No proxy pools").await;
+    browser.click(&format!("//a[.='{pool}']")).await;
+    browser.wait_for("Import candidates").await;
+    let dead = format!("http://127.0.0.1:{}", crate::proxy::free_port());
+    browser
+        .type_into(
+            "//textarea",
+            &format!("{}\n{dead}\nnot a proxy\n", proxy.url),
+        )
+        .await;
+    browser.press("Import and check").await;
+    let imported = browser.wait_for("1 admitted, 1 refused").await;
+    assert!(imported.contains(&format!("{dead}: ")), "{imported}");
+    assert!(imported.contains("line 3: "), "{imported}");
+    browser.press("Allocate once").await;
+    browser.wait_for(&format!("Allocated {}.", proxy.url)).await;
+    let chart = browser
+        .property("//*[local-name()='svg'][@role='img']", "outerHTML")
+        .await;
+    assert!(
+        chart.as_str().is_some_and(|c| c.contains(&proxy.url)),
+        "{chart}"
+    );
+    unlabelled(&browser, "a proxy pool").await;
+    browser.screenshot("pool").await;
+    browser.go(&format!("{console}#/pools")).await;
+    browser.wait_for(&pool).await;
     browser.screenshot("pools").await;
 
     // A read token: every write disabled, saying why; a forced one refused.
@@ -537,6 +626,14 @@ async fn support_product_and_operators_do_their_work_in_the_console() {
         .collect();
     assert!(admin_calls.len() > 20, "{requests:?}");
     for (url, headers) in &requests {
+        // The browser's own start page is not the console's.
+        if url.starts_with("chrome://") || url.starts_with("about:") {
+            continue;
+        }
+        assert!(
+            url.starts_with(&up.api) || url.starts_with("data:"),
+            "the page asked something other than Laurel: {url}"
+        );
         assert!(
             !url.contains(OPS) && !url.contains(VIEWER) && !url.contains("token"),
             "a request carried a token in its URL: {url}"

@@ -410,6 +410,66 @@
     return `${b.state} ${done}% (${b.items_done || 0} of ${b.items_total || 0} items)`;
   }
 
+  /** What in `value` the JSON Schema `schema` (of `root`) does not allow:
+   * the keywords Laurel's schemas use (type, enum, required, properties,
+   * additionalProperties, items, minItems, minLength, pattern, $ref). */
+  function schemaProblems(schema, value, path, root, out) {
+    if (schema.$ref) {
+      return schemaProblems(root.$defs[schema.$ref.replace('#/$defs/', '')], value, path, root, out);
+    }
+    const where = path || 'the definition';
+    const kind = Array.isArray(value) ? 'array' : value === null ? 'null' : Number.isInteger(value) ? 'integer' : typeof value;
+    if (schema.type && !(schema.type === kind || (schema.type === 'number' && kind === 'integer'))) {
+      out.push({ path, message: `${where} must be ${schema.type === 'array' || schema.type === 'object' ? 'an' : 'a'} ${schema.type}, not ${kind}` });
+      return out;
+    }
+    if (schema.enum && !schema.enum.some((e) => json(e) === json(value))) {
+      out.push({ path, message: `${where} must be one of ${schema.enum.map(json).join(', ')}, not ${json(value)}` });
+    }
+    if (kind === 'string') {
+      if (schema.minLength && value.length < schema.minLength) out.push({ path, message: `${where} must not be empty` });
+      if (schema.pattern && !new RegExp(schema.pattern, 'u').test(value)) {
+        out.push({ path, message: `${where} (${json(value)}) does not match ${schema.pattern}${schema.description ? `: ${schema.description}` : ''}` });
+      }
+    }
+    if (kind === 'array') {
+      if (schema.minItems && value.length < schema.minItems) out.push({ path, message: `${where} needs at least ${schema.minItems} item(s)` });
+      if (schema.items) value.forEach((item, i) => schemaProblems(schema.items, item, `${path}/${i}`, root, out));
+    }
+    if (kind === 'object') {
+      for (const key of schema.required || []) {
+        if (!(key in value)) out.push({ path, message: `${where} needs ${key}` });
+      }
+      for (const [key, item] of Object.entries(value)) {
+        const known = schema.properties && schema.properties[key];
+        if (known) schemaProblems(known, item, `${path}/${key}`, root, out);
+        else if (schema.additionalProperties === false) out.push({ path, message: `${where} has ${key}, which is not a field of it` });
+      }
+    }
+    return out;
+  }
+
+  /** Schema problems in the shape of the API's refusals: with the
+   * objective (and function) each is about. */
+  async function awardSchemaProblems(award) {
+    if (!session.awardSchema) {
+      const response = await fetch('/schemas/award.json', { cache: 'no-store', credentials: 'omit' });
+      session.awardSchema = await response.json();
+    }
+    const schema = session.awardSchema;
+    const objectives = award && Array.isArray(award.objectives) ? award.objectives : [];
+    return schemaProblems(schema, award, '', schema, []).map((problem) => {
+      const at = /^\/objectives\/(\d+)(\/(filters\/(\d+)|rule))?/.exec(problem.path);
+      const objective = at && objectives[Number(at[1])];
+      const use = objective && at[2] ? (at[4] !== undefined ? (objective.filters || [])[Number(at[4])] : objective.rule) : null;
+      return {
+        objective: objective && typeof objective.id === 'string' ? objective.id : null,
+        function: use && typeof use.name === 'string' ? use.name : null,
+        message: problem.message,
+      };
+    });
+  }
+
   const NEW_AWARD = {
     id: 'new-award', title: 'New award', description: '',
     objectives: [{ id: 'photos', filters: [{ name: 'SourceFilter', config: { sources: ['photos'] } }], rule: { name: 'CountRule', config: { counter: 'count' } }, progress_counter: 'count' }],
@@ -433,7 +493,26 @@
     const draw = (problems) => {
       try { fill(outline, awardOutline(parsed(), problems || [])); } catch (error) { fill(outline, h('p', { class: 'bad' }, error.message)); }
     };
-    editor.addEventListener('input', () => draw([]));
+    /** Schema problems, drawn beside what they name; true when none. */
+    const checked = async () => {
+      const award = parsed();
+      const problems = await awardSchemaProblems(award);
+      draw(problems);
+      if (problems.length) {
+        fill(result, h('div', { class: 'problems', role: 'alert' },
+          h('p', null, `Not sent: ${problems.length} problem(s) against /schemas/award.json, shown beside what they name.`)));
+      }
+      return problems.length === 0;
+    };
+    let typing = null;
+    editor.addEventListener('input', () => {
+      clearTimeout(typing);
+      typing = setTimeout(() => {
+        let award;
+        try { award = JSON.parse(editor.value); } catch (_) { draw([]); return; }
+        awardSchemaProblems(award).then(draw).catch(fail);
+      }, 300);
+    });
     draw([]);
     const targetId = () => parsed().id || id;
     const refusedShown = (error) => {
@@ -446,6 +525,7 @@
     };
     const apply = writeButton('Apply', async () => {
       const body = parsed();
+      if (!(await checked())) return;
       try {
         const applied = await call('PUT', `/awards/${enc(targetId())}`, { body });
         fill(result, h('p', { class: 'good' }, `Applied ${applied.id} v${applied.version}.`));
@@ -455,6 +535,7 @@
     });
     const dry = writeButton('Dry run', async () => {
       const body = parsed();
+      if (!(await checked())) return;
       fill(result, h('p', { class: 'muted' }, 'Comparing with recent events…'));
       try {
         const answer = await call('POST', `/awards/${enc(targetId())}/dry-run`, { body });

@@ -292,11 +292,40 @@ async fn support_product_and_operators_do_their_work_in_the_console() {
         const award = JSON.parse(editor.value); arguments[0](award);
         editor.value = JSON.stringify(award, null, 2);
         editor.dispatchEvent(new Event('input'));";
+    // What the schema refuses is shown before anything is sent.
     browser
         .run(
             &set_definition.replace(
                 "arguments[0](award)",
-                "award.objectives[1].filters[1].name = 'NoSuchFilter'",
+                "award.objectives[0].progress_counter = ''; award.objectives[0].colour = 'red'",
+            ),
+            json!([]),
+        )
+        .await;
+    browser.press("Apply").await;
+    browser
+        .wait_for("Not sent: 2 problem(s) against /schemas/award.json")
+        .await;
+    let beside = browser
+        .run(
+            "const box = document.querySelector('section[aria-label=\"Objective reviews\"] .problems');
+             return box ? box.innerText : null;",
+            json!([]),
+        )
+        .await;
+    let beside = beside.as_str().unwrap_or_default();
+    assert!(
+        beside.contains("/objectives/0/progress_counter must not be empty")
+            && beside.contains("/objectives/0 has colour, which is not a field of it"),
+        "{beside}"
+    );
+    browser.screenshot("award-schema").await;
+    browser
+        .run(
+            &set_definition.replace(
+                "arguments[0](award)",
+                "award.objectives[0].progress_counter = 'count'; delete award.objectives[0].colour;
+                 award.objectives[1].filters[1].name = 'NoSuchFilter'",
             ),
             json!([]),
         )

@@ -217,6 +217,12 @@ async fn laurel_up_demo_prints_what_the_readme_shows_and_keeps_running() {
         replayed.starts_with("replayed 0 dead letters of photos; 1 still fail"),
         "{replayed}"
     );
+    // Its progress on stderr: plain lines, as it is no terminal.
+    let progress = String::from_utf8_lossy(&replay.stderr);
+    assert!(
+        progress.contains("100.0% 1 of 1 dead letters replayed"),
+        "{progress}"
+    );
 
     // No thread of the process polls a producer in rounds: rdkafka's
     // FutureProducer thread busy-waits the end of each, and was the

@@ -269,8 +269,28 @@ async fn support_product_and_operators_do_their_work_in_the_console() {
         .await;
     assert!(why.contains("photo-1 (photos) counts count 1"), "{why}");
     browser.screenshot("user-why").await;
-    // Ban, confirmed, then restore.
     browser.click("//a[normalize-space()='← u-42']").await;
+    browser.wait_for("Processing log").await;
+    // What a user id holds is shown as text, never run as markup.
+    browser
+        .go(&format!(
+            "{console}#/user/{}",
+            "%3Cimg%20src%3Dx%20onerror%3D%22window.pwned%3D1%22%3E"
+        ))
+        .await;
+    browser
+        .wait_for("User <img src=x onerror=\"window.pwned=1\">")
+        .await;
+    let pwned = browser
+        .run(
+            "return window.pwned === undefined && document.querySelectorAll('main img').length === 0;",
+            json!([]),
+        )
+        .await;
+    assert_eq!(pwned, true, "a user id ran as markup");
+    browser.go(&format!("{console}#/user/u-42")).await;
+    browser.wait_for("Three of either").await;
+    // Ban, confirmed, then restore.
     browser.press("Ban").await;
     browser.click("//button[@id='confirm-ok']").await;
     browser.wait_for("User u-42 is banned.").await;
@@ -348,6 +368,15 @@ async fn support_product_and_operators_do_their_work_in_the_console() {
     );
     browser.screenshot("award-refused").await;
     assert_eq!(up.admin("/awards/three-of-either").await["version"], 1);
+    // Disabled and enabled again, each confirmed: a new version each time.
+    browser.press("Disable").await;
+    browser.click("//button[@id='confirm-ok']").await;
+    browser.wait_for("Disabled three-of-either (v2).").await;
+    assert_eq!(up.admin("/awards/three-of-either").await["enabled"], false);
+    browser.press("Enable").await;
+    browser.click("//button[@id='confirm-ok']").await;
+    browser.wait_for("Enabled three-of-either (v3).").await;
+    assert_eq!(up.admin("/awards/three-of-either").await["enabled"], true);
     browser
         .go(&format!("{console}#/awards/content-maker"))
         .await;

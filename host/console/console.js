@@ -493,8 +493,11 @@
     const draw = (problems) => {
       try { fill(outline, awardOutline(parsed(), problems || [])); } catch (error) { fill(outline, h('p', { class: 'bad' }, error.message)); }
     };
-    /** Schema problems, drawn beside what they name; true when none. */
+    let typing = null;
+    /** Schema problems, drawn beside what they name; true when none. A
+     * check of the typing still due is dropped: this one is newer. */
     const checked = async () => {
+      clearTimeout(typing);
       const award = parsed();
       const problems = await awardSchemaProblems(award);
       draw(problems);
@@ -504,7 +507,6 @@
       }
       return problems.length === 0;
     };
-    let typing = null;
     editor.addEventListener('input', () => {
       clearTimeout(typing);
       typing = setTimeout(() => {

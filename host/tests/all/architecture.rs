@@ -231,12 +231,7 @@ fn slug(heading: &str) -> String {
 fn the_docs_links_resolve() {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
     let mut pages = vec![repo.join("README.md"), repo.join("host/benches/README.md")];
-    for entry in std::fs::read_dir(repo.join("docs")).unwrap() {
-        let path = entry.unwrap().path();
-        if path.extension().is_some_and(|e| e == "md") {
-            pages.push(path);
-        }
-    }
+    pages.extend(crate::support::doc_pages());
     let readme_lines = std::fs::read_to_string(repo.join("README.md"))
         .unwrap()
         .lines()

@@ -292,7 +292,21 @@ impl Browser {
 }
 
 impl Drop for Browser {
+    /// Ends the session, which quits Chromium (killing chromedriver alone
+    /// would leave the browser running), then removes its profile.
     fn drop(&mut self) {
+        use std::io::{Read, Write};
+        let address = self.driver_url.trim_start_matches("http://");
+        if let Ok(mut socket) = std::net::TcpStream::connect(address) {
+            let _ = socket.set_read_timeout(Some(Duration::from_secs(10)));
+            let request = format!(
+                "DELETE /session/{} HTTP/1.1\r\nHost: {address}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                self.session
+            );
+            if socket.write_all(request.as_bytes()).is_ok() {
+                let _ = socket.read_to_end(&mut Vec::new());
+            }
+        }
         let _ = std::fs::remove_dir_all(&self.profile);
     }
 }

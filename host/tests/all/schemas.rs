@@ -300,9 +300,7 @@ async fn the_pipeline_schema_accepts_what_laurel_accepts_and_refuses_what_it_ref
 fn every_award_pipeline_and_event_the_docs_show_fits_its_schema() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut pages = vec![root.join("README.md")];
-    for entry in std::fs::read_dir(root.join("docs")).unwrap() {
-        pages.push(entry.unwrap().path());
-    }
+    pages.extend(crate::support::doc_pages());
     // The demo's definitions are documents too (`laurel up --demo`
     // applies them), each naming its schema for editors.
     let mut documents = Vec::new();

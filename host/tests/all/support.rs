@@ -171,6 +171,18 @@ async fn connect(url: &str) -> tokio_postgres::Client {
     client
 }
 
+/// The pages of docs/ (its Markdown files; images live beside them).
+pub fn doc_pages() -> Vec<std::path::PathBuf> {
+    let docs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs");
+    let mut pages: Vec<_> = std::fs::read_dir(docs)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|e| e == "md"))
+        .collect();
+    pages.sort();
+    pages
+}
+
 /// Makes sure Debian's `packages` are on the machine: when `present` says
 /// they are not, the test installs them with apt-get (and says so), so the
 /// README's test command needs no step by hand.

@@ -202,27 +202,38 @@ impl Browser {
         }
     }
 
-    /// Clicks the element; found again if the page redrew it between
-    /// finding and clicking.
-    pub async fn click(&self, xpath: &str) {
+    /// A command on the element `xpath` finds (`/element/ID{path}`); the
+    /// element is found again if the page redrew it in between.
+    async fn on_element(
+        &self,
+        xpath: &str,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Value {
         for _ in 0..10 {
             let id = self.find(xpath).await;
             match self
                 .try_command(
-                    reqwest::Method::POST,
-                    &format!("/element/{id}/click"),
-                    Some(json!({})),
+                    method.clone(),
+                    &format!("/element/{id}{path}"),
+                    body.clone(),
                 )
                 .await
             {
-                Ok(_) => return,
+                Ok(value) => return value,
                 Err(error) if error["error"] == "stale element reference" => {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
-                Err(error) => panic!("clicking {xpath}: {error}"),
+                Err(error) => panic!("{xpath}{path}: {error}"),
             }
         }
-        panic!("{xpath} was redrawn every time it was clicked");
+        panic!("{xpath} was redrawn every time it was used");
+    }
+
+    pub async fn click(&self, xpath: &str) {
+        self.on_element(xpath, reqwest::Method::POST, "/click", Some(json!({})))
+            .await;
     }
 
     /// Clicks the button whose text is `label`.
@@ -234,20 +245,16 @@ impl Browser {
     /// Types `text` into the element (keys as a user presses them; a file
     /// input takes a path).
     pub async fn type_into(&self, xpath: &str, text: &str) {
-        let id = self.find(xpath).await;
-        self.post(&format!("/element/{id}/value"), json!({"text": text}))
+        let body = Some(json!({"text": text}));
+        self.on_element(xpath, reqwest::Method::POST, "/value", body)
             .await;
     }
 
     /// An attribute or property of the element.
     pub async fn property(&self, xpath: &str, name: &str) -> Value {
-        let id = self.find(xpath).await;
-        self.command(
-            reqwest::Method::GET,
-            &format!("/element/{id}/property/{name}"),
-            None,
-        )
-        .await
+        let path = format!("/property/{name}");
+        self.on_element(xpath, reqwest::Method::GET, &path, None)
+            .await
     }
 
     pub async fn resize(&self, width: u32, height: u32) {

@@ -236,6 +236,11 @@ impl Browser {
             .await;
     }
 
+    /// Confirms the console's confirmation dialog.
+    pub async fn confirm(&self) {
+        self.click("//button[@id='confirm-ok']").await;
+    }
+
     /// Clicks the button whose text is `label`.
     pub async fn press(&self, label: &str) {
         self.click(&format!("//button[normalize-space()={label:?}]"))

@@ -137,6 +137,18 @@ impl Up {
     }
 }
 
+/// Changes the award in the editor as `change` (JavaScript on `award`)
+/// says, as typing would (an input event).
+async fn edit_award(browser: &Browser, change: &str) {
+    let script = format!(
+        "const editor = document.querySelector('textarea');
+         const award = JSON.parse(editor.value); {change};
+         editor.value = JSON.stringify(award, null, 2);
+         editor.dispatchEvent(new Event('input'));"
+    );
+    browser.run(&script, json!([])).await;
+}
+
 /// Every control on the page has a label (its own, `aria-label`, or a
 /// button's text).
 async fn unlabelled(browser: &Browser, page: &str) {
@@ -292,11 +304,11 @@ async fn support_product_and_operators_do_their_work_in_the_console() {
     browser.wait_for("Three of either").await;
     // Ban, confirmed, then restore.
     browser.press("Ban").await;
-    browser.click("//button[@id='confirm-ok']").await;
+    browser.confirm().await;
     browser.wait_for("User u-42 is banned.").await;
     assert_eq!(up.admin("/users/u-42/state").await["state"], "banned");
     browser.press("Restore").await;
-    browser.click("//button[@id='confirm-ok']").await;
+    browser.confirm().await;
     browser.wait_for("User u-42 is active.").await;
 
     // Product: a definition naming an unknown function is refused, with
@@ -308,20 +320,12 @@ async fn support_product_and_operators_do_their_work_in_the_console() {
         .go(&format!("{console}#/awards/three-of-either"))
         .await;
     browser.wait_for("Strategy").await;
-    let set_definition = "const editor = document.querySelector('textarea');
-        const award = JSON.parse(editor.value); arguments[0](award);
-        editor.value = JSON.stringify(award, null, 2);
-        editor.dispatchEvent(new Event('input'));";
     // What the schema refuses is shown before anything is sent.
-    browser
-        .run(
-            &set_definition.replace(
-                "arguments[0](award)",
-                "award.objectives[0].progress_counter = ''; award.objectives[0].colour = 'red'",
-            ),
-            json!([]),
-        )
-        .await;
+    edit_award(
+        &browser,
+        "award.objectives[0].progress_counter = ''; award.objectives[0].colour = 'red'",
+    )
+    .await;
     browser.press("Apply").await;
     browser
         .wait_for("Not sent: 2 problem(s) against /schemas/award.json")
@@ -340,16 +344,12 @@ async fn support_product_and_operators_do_their_work_in_the_console() {
         "{beside}"
     );
     browser.screenshot("award-schema").await;
-    browser
-        .run(
-            &set_definition.replace(
-                "arguments[0](award)",
-                "award.objectives[0].progress_counter = 'count'; delete award.objectives[0].colour;
+    edit_award(
+        &browser,
+        "award.objectives[0].progress_counter = 'count'; delete award.objectives[0].colour;
                  award.objectives[1].filters[1].name = 'NoSuchFilter'",
-            ),
-            json!([]),
-        )
-        .await;
+    )
+    .await;
     browser.press("Apply").await;
     browser
         .wait_for("no function named NoSuchFilter is registered")
@@ -370,23 +370,18 @@ async fn support_product_and_operators_do_their_work_in_the_console() {
     assert_eq!(up.admin("/awards/three-of-either").await["version"], 1);
     // Disabled and enabled again, each confirmed: a new version each time.
     browser.press("Disable").await;
-    browser.click("//button[@id='confirm-ok']").await;
+    browser.confirm().await;
     browser.wait_for("Disabled three-of-either (v2).").await;
     assert_eq!(up.admin("/awards/three-of-either").await["enabled"], false);
     browser.press("Enable").await;
-    browser.click("//button[@id='confirm-ok']").await;
+    browser.confirm().await;
     browser.wait_for("Enabled three-of-either (v3).").await;
     assert_eq!(up.admin("/awards/three-of-either").await["enabled"], true);
     browser
         .go(&format!("{console}#/awards/content-maker"))
         .await;
     browser.wait_for("Strategy").await;
-    browser
-        .run(
-            &set_definition.replace("arguments[0](award)", "award.strategy.goal = 8"),
-            json!([]),
-        )
-        .await;
+    edit_award(&browser, "award.strategy.goal = 8").await;
     browser.press("Dry run").await;
     let dry = browser.wait_for("Dry run: nothing written").await;
     assert!(dry.contains("Would complete: u-42."), "{dry}");
@@ -432,12 +427,12 @@ async fn support_product_and_operators_do_their_work_in_the_console() {
     );
     browser.screenshot("function-diff").await;
     browser.press("Promote v2").await;
-    browser.click("//button[@id='confirm-ok']").await;
+    browser.confirm().await;
     browser
         .wait_for("StatusFilter: v2 serves now (was v1).")
         .await;
     browser.press("Roll back").await;
-    browser.click("//button[@id='confirm-ok']").await;
+    browser.confirm().await;
     browser
         .wait_for("StatusFilter: v1 serves now (was v2).")
         .await;
@@ -447,7 +442,7 @@ async fn support_product_and_operators_do_their_work_in_the_console() {
     browser.go(&format!("{console}#/sources")).await;
     browser.wait_for("events.photos").await;
     browser.press("Pause photos").await;
-    browser.click("//button[@id='confirm-ok']").await;
+    browser.confirm().await;
     browser.wait_for("photos paused.").await;
     // Every process pauses within a second of the answer.
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -534,12 +529,12 @@ async fn support_product_and_operators_do_their_work_in_the_console() {
         .await;
     browser.wait_for("Live: v3.").await;
     browser.press("Roll back").await;
-    browser.click("//button[@id='confirm-ok']").await;
+    browser.confirm().await;
     browser.wait_for("serves now (was v3).").await;
     browser.go(&format!("{console}#/sources")).await;
     browser.press("Dead letters of photos").await;
     browser.press("Replay photos's dead letters").await;
-    browser.click("//button[@id='confirm-ok']").await;
+    browser.confirm().await;
     browser
         .wait_for("photos: 1 replayed, 0 still failing")
         .await;
@@ -656,7 +651,7 @@ async fn support_product_and_operators_do_their_work_in_the_console() {
             json!([]),
         )
         .await;
-    browser.click("//button[@id='confirm-ok']").await;
+    browser.confirm().await;
     browser
         .wait_for("403: token viewer is read-only; POST is a write")
         .await;
